@@ -1,0 +1,69 @@
+/*
+ * gpuhook native helper: what Python lacks or does slowly.
+ *   - glibc ld.so.cache and ELF (DT_SONAME) reading, with strict bounds checks (input is untrusted);
+ *   - thin syscall wrappers (setns, unshare, mount, umount2, openat2, mknodat);
+ *   - the bpf(2) calls needed to widen a cgroup v2 device filter.
+ * Plain C, no Python objects. Calls return -1 with errno set for syscall failures; the parsers return 1
+ * with a message in `err` for malformed input. The block between the CDEF markers is fed verbatim to
+ * cffi's cdef by _build.py, so it must stay free of preprocessor directives.
+ */
+#ifndef GPUHOOK_NATIVE_H
+#define GPUHOOK_NATIVE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* CDEF BEGIN */
+struct gh_ldentry {
+    uint64_t key;       /* offset of the key (soname) in the buffer */
+    uint64_t value;     /* offset of the value (the library's path) */
+    uint64_t hwcap;
+    uint32_t key_len;   /* lengths without the NUL */
+    uint32_t value_len;
+    int32_t flags;      /* glibc FLAG_* (type in the low byte, required ABI in the next) */
+};
+
+struct gh_elfinfo {
+    int elf_class;      /* 32 or 64 */
+    int machine;        /* e_machine */
+    int has_soname;
+    char soname[4096];
+};
+
+struct gh_bpf_prog_info {
+    uint32_t id;
+    uint32_t type;
+    uint32_t xlated_len;      /* bytes of translated instructions the kernel holds */
+    int xlated_withheld;      /* the kernel refused to dump them (no CAP_SYS_ADMIN / kptr_restrict) */
+    int gpl_compatible;       /* loaded with a GPL-compatible license (may use GPL-only helpers) */
+    char name[16];
+};
+
+/* Returns the entry count (filling at most `cap` entries: call with cap 0 to size the array), or -1. */
+int64_t gh_ldcache_parse(const uint8_t *buf, size_t len, struct gh_ldentry *out, size_t cap,
+                         char *err, size_t errlen);
+/* 0: parsed (has_soname says whether there is one); 1: malformed (err); -1: I/O error (errno). */
+int gh_elf_info_buf(const uint8_t *buf, size_t len, struct gh_elfinfo *out, char *err, size_t errlen);
+int gh_elf_info_fd(int fd, struct gh_elfinfo *out, char *err, size_t errlen);
+
+int gh_setns(int fd, int nstype);
+int gh_unshare(int flags);
+int gh_mount(const char *source, const char *target, const char *fstype, unsigned long flags,
+             const char *data);
+int gh_umount2(const char *target, int flags);
+int gh_openat2(int dirfd, const char *path, uint64_t flags, uint64_t mode, uint64_t resolve);
+int gh_mknodat(int dirfd, const char *path, uint32_t mode, uint32_t major, uint32_t minor);
+int gh_open_tree(int dirfd, const char *path, uint32_t flags);
+int gh_move_mount(int from_dirfd, const char *from_path, int to_dirfd, const char *to_path, uint32_t flags);
+
+int gh_bpf_prog_query(int target_fd, uint32_t attach_type, uint32_t *attach_flags, uint32_t *ids,
+                      uint32_t *count);
+int gh_bpf_prog_get_fd_by_id(uint32_t id);
+int gh_bpf_prog_info(int prog_fd, struct gh_bpf_prog_info *out, uint8_t *xlated, uint32_t xlated_cap);
+int gh_bpf_prog_load(uint32_t prog_type, const uint8_t *insns, size_t insns_len, const char *license,
+                     const char *name, uint32_t log_level, char *log, uint32_t log_size);
+int gh_bpf_prog_attach(int target_fd, int prog_fd, uint32_t attach_type, uint32_t flags, int replace_fd);
+int gh_bpf_prog_detach(int target_fd, int prog_fd, uint32_t attach_type);
+/* CDEF END */
+
+#endif

@@ -1,0 +1,78 @@
+"""Spec (de)serialisation: YAML (the C emitter/parser when present) or JSON, and strict reading.
+
+Reading is as strict as the Go loader's `yaml.UnmarshalStrict`: a duplicated key is an error, not a silent
+"last one wins".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import yaml
+
+from .errors import CdiError
+
+FORMATS: tuple[str, ...] = ("yaml", "json")
+SPEC_EXTENSIONS: tuple[str, ...] = (".yaml", ".json")  # what CDI loaders read; `.yml` is ignored by them
+
+_Dumper: type = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+_BaseLoader: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _StrictLoader(_BaseLoader):  # type: ignore[misc, valid-type]
+    """Safe loader that refuses duplicate mapping keys."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def format_for(path: str | None, fmt: str | None) -> str:
+    """An explicit format wins; otherwise JSON for a `.json` file, YAML for anything else."""
+    if fmt:
+        if fmt not in FORMATS:
+            raise CdiError(f"unknown format {fmt!r} (expected yaml or json)")
+        return fmt
+    return "json" if path and path.endswith(".json") else "yaml"
+
+
+def dumps(spec: dict[str, Any], fmt: str = "yaml") -> str:
+    """The spec as text, keys in the order they were built (stable output for stable input)."""
+    if fmt == "json":
+        return json.dumps(spec, indent=2) + "\n"
+    text: str = yaml.dump(spec, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=4096)
+    return text
+
+
+def loads(text: str, origin: str = "<spec>") -> Any:
+    """Parse YAML (JSON is YAML too) strictly; CdiError with one line on a syntax error or duplicate key."""
+    try:
+        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise CdiError(f"{origin}: not valid YAML/JSON: {problem}{where}") from None
+
+
+def read(path: str) -> Any:
+    """Load one spec file; CdiError naming the path when it cannot be read or parsed."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise CdiError(f"{path}: cannot read: {why}") from None
+    return loads(text, origin=path)
+
+
+def has_spec_extension(path: str) -> bool:
+    return os.path.splitext(path)[1] in SPEC_EXTENSIONS

@@ -1,0 +1,119 @@
+"""The `gpuhook` command: thin click wrappers that parse options, call one function and print.
+
+Expected failures (GpuhookError) become one line on stderr and exit 1; usage errors exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from .errors import GpuhookError
+
+
+def root_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """--driver-root/--dev-root/--proc-root/--discovery, shared by every command that discovers."""
+    func = click.option("--discovery", type=click.Choice(["auto", "nvml", "procfs"]), default="auto",
+                        show_default=True, help="Where GPUs come from.")(func)
+    func = click.option("--proc-root", default=None, help="procfs to read /driver/nvidia from [default: /proc].")(func)
+    func = click.option("--dev-root", default=None, help="Root holding /dev [default: driver root].")(func)
+    func = click.option("--driver-root", default="/", show_default=True, help="Root of the driver install.")(func)
+    return func
+
+
+def load_inventory(driver_root: str, dev_root: str | None, proc_root: str | None, discovery: str = "auto"):  # type: ignore[no-untyped-def]
+    from .discover import Roots, discover
+
+    return discover(Roots.make(driver_root, dev_root, proc_root), method=discovery)
+
+
+class LazyGroup(click.Group):
+    """Sub-commands living in other modules, imported only when invoked (keeps every start cheap)."""
+
+    LAZY: dict[str, str] = {
+        "fake-driver": ".fakedriver.cli:fake_driver",
+        "demo": ".demo:demo",
+        "generate-cdi": ".cdi.cli:generate_cdi",
+        "cdi": ".cdi.cli:cdi",
+        "cdi-hook": ".cdi.cli:cdi_hook",
+        "hook": ".hook_cli:hook",
+        "runtime": ".runtimeconfig:runtime",
+        "device-plugin": ".plugin.cli:device_plugin",
+    }
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), *self.LAZY])
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.LAZY:
+            import importlib
+
+            module, _, attr = self.LAZY[cmd_name].partition(":")
+            return getattr(importlib.import_module(module, __package__), attr)
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="gpuhook")
+def cli() -> None:
+    """Put NVIDIA GPUs into containers: CDI specs, an OCI prestart hook and a kubelet device plugin."""
+
+
+@cli.command()
+@root_options
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (stable, see README).")
+def info(driver_root: str, dev_root: str | None, proc_root: str | None, discovery: str, as_json: bool) -> None:
+    """What the host's driver offers: versions, GPUs, MIG devices, nodes and files per capability."""
+    from .report import format_inventory
+
+    inv = load_inventory(driver_root, dev_root, proc_root, discovery)
+    click.echo(json.dumps(inv.to_dict(), indent=2, sort_keys=True) if as_json else format_inventory(inv))
+
+
+@cli.command("list")
+@root_options
+@click.option("--devices", default="all", show_default=True, help="As NVIDIA_VISIBLE_DEVICES.")
+@click.option("--capabilities", default="", help="As NVIDIA_DRIVER_CAPABILITIES [default: utility,compute].")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def list_cmd(driver_root: str, dev_root: str | None, proc_root: str | None, discovery: str, devices: str,
+             capabilities: str, as_json: bool) -> None:
+    """Exactly what a container asking for --devices/--capabilities would receive."""
+    from .edits import plan
+    from .report import edits_to_dict, format_edits
+    from .request import parse_request
+    from .select import resolve
+
+    inv = load_inventory(driver_root, dev_root, proc_root, discovery)
+    env = [f"NVIDIA_VISIBLE_DEVICES={devices}"]
+    if capabilities:
+        env.append(f"NVIDIA_DRIVER_CAPABILITIES={capabilities}")
+    request = parse_request(env, privileged=True)
+    edits = plan(inv, resolve(inv, request))
+    click.echo(json.dumps(edits_to_dict(edits), indent=2) if as_json else format_edits(edits))
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        rc = cli.main(args=argv, prog_name="gpuhook", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        return int(exc.exit_code or 0)
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except click.exceptions.Abort:
+        click.echo("gpuhook: aborted", err=True)
+        return 1
+    except GpuhookError as exc:
+        click.echo(f"gpuhook: {exc}", err=True)
+        return 1
+    except BrokenPipeError:
+        return 1
+    return rc if isinstance(rc, int) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""A cheap digest of what would change an inventory: driver version, device node set, MIG layout.
+
+Computed on every hook run to decide whether the cached inventory is still true, so it reads no library,
+loads no NVML and costs a handful of syscalls.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+from .roots import Roots, join
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return sorted(os.listdir(path))
+    except OSError:
+        return []
+
+
+def _version_text(roots: Roots) -> str:
+    try:
+        with open(os.path.join(roots.proc_root, "driver/nvidia/version"), "rb") as f:
+            return f.read(200).decode(errors="replace")
+    except OSError:
+        pass
+    # No procfs view: the NVML library's real file name carries the version.
+    lib = join(roots.driver_root, "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1")
+    try:
+        return os.readlink(lib)
+    except OSError:
+        return ""
+
+
+def _mig_layout(proc_root: str) -> list[str]:
+    caps = os.path.join(proc_root, "driver/nvidia/capabilities")
+    layout: list[str] = []
+    for gpu in _listdir(caps):
+        mig = os.path.join(caps, gpu, "mig")
+        for gi in _listdir(mig):
+            layout.append(f"{gpu}/{gi}:" + ",".join(_listdir(os.path.join(mig, gi))))
+    return layout
+
+
+def fingerprint(roots: Roots) -> str:
+    h = hashlib.sha256()
+    h.update(_version_text(roots).encode())
+    dev = join(roots.dev_root, "/dev")
+    h.update(("|".join(n for n in _listdir(dev) if n.startswith("nvidia"))).encode())
+    h.update(("|".join(_listdir(os.path.join(dev, "nvidia-caps")))).encode())
+    h.update(("|".join(_listdir(os.path.join(roots.proc_root, "driver/nvidia/gpus")))).encode())
+    h.update(("|".join(_mig_layout(roots.proc_root))).encode())
+    h.update(f"{roots.driver_root}|{roots.dev_root}|{roots.proc_root}".encode())
+    return h.hexdigest()[:32]

@@ -1,0 +1,132 @@
+"""What the host's driver offers, as plain data (no behaviour beyond (de)serialisation).
+
+Everything here is JSON-round-trippable: the hook's inventory cache and `gpuhook info --json` both use
+`Inventory.to_dict()` / `Inventory.from_dict()`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+INVENTORY_FORMAT = 1
+
+
+def normalize_bus_id(bus_id: str) -> str:
+    """NVML says 00000000:18:00.0, procfs and sysfs say 0000:18:00.0: keep a 4-digit lower-case domain."""
+    bus_id = bus_id.strip().lower()
+    domain, _, rest = bus_id.partition(":")
+    if not rest:
+        return bus_id
+    return f"{int(domain, 16):04x}:{rest}"
+
+
+@dataclass(frozen=True)
+class DeviceNode:
+    """A character device node on the host. `path` is the canonical (container) path, e.g. /dev/nvidia0;
+    `host_path` is where it lives on this host (dev root prefixed)."""
+
+    path: str
+    host_path: str
+    major: int
+    minor: int
+    mode: int = 0o666
+    type: str = "c"
+
+
+@dataclass(frozen=True)
+class DriverFile:
+    """A driver file to bind into containers. `kind`: lib, lib32, bin, firmware, ipc, config."""
+
+    kind: str
+    capability: str
+    path: str  # canonical container path
+    host_path: str  # real path on this host (driver root prefixed, symlinks resolved)
+    soname: str = ""  # libraries only
+
+
+@dataclass(frozen=True)
+class MigDevice:
+    gpu_index: int
+    index: int  # position among its GPU's MIG devices (the `<gpu>:<mig>` name)
+    uuid: str  # MIG-...
+    gi: int
+    ci: int
+    profile: str  # e.g. 1g.10gb
+    gi_access: str  # canonical /proc/driver/nvidia/capabilities/gpu<minor>/mig/gi<g>/access
+    ci_access: str
+    cap_nodes: tuple[DeviceNode, ...] = ()  # /dev/nvidia-caps/nvidia-cap<N> for gi and ci
+
+    @property
+    def name(self) -> str:
+        return f"{self.gpu_index}:{self.index}"
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    minor: int
+    uuid: str
+    pci_bus_id: str  # 0000:18:00.0 (domain 4 hex digits, lower case)
+    name: str = ""
+    memory_mib: int = 0
+    compute_capability: str = ""  # "9.0"
+    brand: str = ""  # tesla, nvidia, geforce, quadro, ...
+    numa_node: int = -1
+    mig_enabled: bool = False
+    mig_devices: tuple[MigDevice, ...] = ()
+    node: DeviceNode | None = None  # /dev/nvidia<minor>
+    dri_nodes: tuple[DeviceNode, ...] = ()  # /dev/dri/card<N>, renderD<N>
+    proc_dir: str = ""  # canonical /proc/driver/nvidia/gpus/<bus id>
+
+
+@dataclass
+class Inventory:
+    driver_version: str
+    cuda_version: str  # driver's CUDA version "12.4", "" if unknown
+    source: str  # "nvml" or "procfs"
+    driver_root: str
+    dev_root: str
+    proc_root: str
+    gpus: list[Gpu] = field(default_factory=list)
+    control_nodes: dict[str, DeviceNode] = field(default_factory=dict)  # name under /dev -> node
+    mig_control_nodes: dict[str, DeviceNode] = field(default_factory=dict)  # "config"/"monitor" -> cap node
+    files: list[DriverFile] = field(default_factory=list)
+    params_host_path: str = ""  # <proc root>/driver/nvidia/params, if present
+    fingerprint: str = ""  # what invalidates a cache: driver version, node set, MIG layout
+    notes: list[str] = field(default_factory=list)  # why a fallback source was used
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["format"] = INVENTORY_FORMAT
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Inventory:
+        if data.get("format") != INVENTORY_FORMAT:
+            raise ValueError(f"unsupported inventory format {data.get('format')!r}")
+
+        def node(d: dict[str, Any] | None) -> DeviceNode | None:
+            return DeviceNode(**d) if d else None
+
+        def mig(d: dict[str, Any]) -> MigDevice:
+            d = dict(d)
+            d["cap_nodes"] = tuple(DeviceNode(**n) for n in d["cap_nodes"])
+            return MigDevice(**d)
+
+        def gpu(d: dict[str, Any]) -> Gpu:
+            d = dict(d)
+            d["mig_devices"] = tuple(mig(m) for m in d["mig_devices"])
+            d["node"] = node(d["node"])
+            d["dri_nodes"] = tuple(DeviceNode(**n) for n in d["dri_nodes"])
+            return Gpu(**d)
+
+        fields = {k: v for k, v in data.items() if k != "format"}
+        fields["gpus"] = [gpu(g) for g in data["gpus"]]
+        fields["control_nodes"] = {k: DeviceNode(**v) for k, v in data["control_nodes"].items()}
+        fields["mig_control_nodes"] = {k: DeviceNode(**v) for k, v in data["mig_control_nodes"].items()}
+        fields["files"] = [DriverFile(**f) for f in data["files"]]
+        return cls(**fields)
+
+    def all_mig_devices(self) -> list[MigDevice]:
+        return [m for g in self.gpus for m in g.mig_devices]

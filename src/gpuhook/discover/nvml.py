@@ -1,0 +1,185 @@
+"""GPUs through NVML (pynvml), bound to the driver root's own `libnvidia-ml.so.1`.
+
+pynvml would dlopen("libnvidia-ml.so.1") through the host's loader path; binding it to the library found in
+the driver root's ld.so.cache makes `--driver-root` mean what it says (and lets the simulated driver's NVML
+answer). Imported lazily: pynvml never loads on the hook's path when a cached inventory is fresh.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import DiscoveryError
+from .inventory import normalize_bus_id
+
+_lock = threading.Lock()
+
+BRANDS: dict[int, str] = {
+    0: "unknown",
+    1: "quadro",
+    2: "tesla",
+    3: "nvs",
+    4: "grid",
+    5: "geforce",
+    6: "titan",
+    7: "nvidia-vapps",
+    8: "nvidia-vpc",
+    9: "nvidia-vcs",
+    10: "nvidia-vws",
+    11: "nvidia-cloud-gaming",
+    12: "quadro-rtx",
+    13: "nvidia-rtx",
+    14: "nvidia",
+    15: "geforce-rtx",
+    16: "titan-rtx",
+}
+
+
+@dataclass
+class NvmlMig:
+    index: int
+    uuid: str
+    gi: int
+    ci: int
+    profile: str
+    memory_mib: int
+
+
+@dataclass
+class NvmlGpu:
+    index: int
+    minor: int
+    uuid: str
+    pci_bus_id: str
+    name: str
+    memory_mib: int
+    compute_capability: str
+    brand: str
+    numa_node: int
+    mig_enabled: bool
+    migs: list[NvmlMig] = field(default_factory=list)
+
+
+@dataclass
+class NvmlReport:
+    driver_version: str
+    cuda_version: str
+    gpus: list[NvmlGpu]
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def mig_profile_from_name(name: str) -> str:
+    """NVML names a MIG device '<gpu name> MIG 1g.10gb'; the profile is the last word after 'MIG'."""
+    head, sep, tail = name.rpartition(" MIG ")
+    return tail.strip() if sep else ""
+
+
+@contextmanager
+def bound_nvml(library_path: str) -> Iterator[Any]:
+    """pynvml, initialised against exactly `library_path`, shut down and unbound afterwards."""
+    import pynvml
+
+    with _lock:
+        try:
+            lib = ctypes.CDLL(library_path)
+        except OSError as exc:
+            raise DiscoveryError(f"cannot load NVML library {library_path}: {exc}") from None
+        pynvml.nvmlLib = lib
+        pynvml._nvmlGetFunctionPointer_cache.clear()
+        try:
+            try:
+                pynvml.nvmlInit()
+            except pynvml.NVMLError as exc:
+                raise DiscoveryError(f"nvmlInit failed ({library_path}): {exc}") from None
+            try:
+                yield pynvml
+            finally:
+                with suppress(pynvml.NVMLError):
+                    pynvml.nvmlShutdown()
+        finally:
+            pynvml.nvmlLib = None
+            pynvml._nvmlGetFunctionPointer_cache.clear()
+            pynvml._nvmlLib_refcount = 0
+
+
+def _cuda_version(nv: Any) -> str:
+    try:
+        v = int(nv.nvmlSystemGetCudaDriverVersion_v2())
+    except (nv.NVMLError, AttributeError):
+        try:
+            v = int(nv.nvmlSystemGetCudaDriverVersion())
+        except nv.NVMLError:
+            return ""
+    return f"{v // 1000}.{(v % 1000) // 10}"
+
+
+def _optional(call: Any, default: Any, nv: Any) -> Any:
+    try:
+        return call()
+    except nv.NVMLError:
+        return default
+
+
+def _migs(nv: Any, handle: Any) -> list[NvmlMig]:
+    migs: list[NvmlMig] = []
+    count = nv.nvmlDeviceGetMaxMigDeviceCount(handle)
+    for slot in range(count):
+        try:
+            mh = nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+        except nv.NVMLError_NotFound:
+            continue
+        name = _text(nv.nvmlDeviceGetName(mh))
+        migs.append(
+            NvmlMig(
+                index=len(migs),
+                uuid=_text(nv.nvmlDeviceGetUUID(mh)),
+                gi=int(nv.nvmlDeviceGetGpuInstanceId(mh)),
+                ci=int(nv.nvmlDeviceGetComputeInstanceId(mh)),
+                profile=mig_profile_from_name(name),
+                memory_mib=int(_optional(lambda mh=mh: nv.nvmlDeviceGetMemoryInfo(mh).total, 0, nv)) >> 20,
+            )
+        )
+    return migs
+
+
+def _gpu(nv: Any, index: int) -> NvmlGpu:
+    h = nv.nvmlDeviceGetHandleByIndex(index)
+    pci = nv.nvmlDeviceGetPciInfo_v3(h)
+    major, minor_cc = _optional(lambda: nv.nvmlDeviceGetCudaComputeCapability(h), (0, 0), nv)
+    current, _pending = _optional(lambda: nv.nvmlDeviceGetMigMode(h), (0, 0), nv)
+    mig_enabled = current == 1
+    return NvmlGpu(
+        index=index,
+        minor=int(nv.nvmlDeviceGetMinorNumber(h)),
+        uuid=_text(nv.nvmlDeviceGetUUID(h)),
+        pci_bus_id=normalize_bus_id(_text(pci.busId)),
+        name=_text(nv.nvmlDeviceGetName(h)),
+        memory_mib=int(_optional(lambda: nv.nvmlDeviceGetMemoryInfo(h).total, 0, nv)) >> 20,
+        compute_capability=f"{major}.{minor_cc}" if major else "",
+        brand=BRANDS.get(int(_optional(lambda: nv.nvmlDeviceGetBrand(h), 0, nv)), "unknown"),
+        numa_node=int(_optional(lambda: nv.nvmlDeviceGetNumaNodeId(h), -1, nv)),
+        mig_enabled=mig_enabled,
+        migs=_migs(nv, h) if mig_enabled else [],
+    )
+
+
+def query(library_path: str) -> NvmlReport:
+    """Everything gpuhook needs from NVML, in one init/shutdown."""
+    with bound_nvml(library_path) as nv:
+        try:
+            count = nv.nvmlDeviceGetCount()
+            return NvmlReport(
+                driver_version=_text(nv.nvmlSystemGetDriverVersion()),
+                cuda_version=_cuda_version(nv),
+                gpus=[_gpu(nv, i) for i in range(count)],
+            )
+        except nv.NVMLError as exc:
+            raise DiscoveryError(f"NVML query failed ({library_path}): {exc}") from None

@@ -1,0 +1,161 @@
+"""The driver's user-space file catalogue: the one list that discovery, the fake driver and planning share.
+
+It reproduces libnvidia-container's per-capability lists (DESIGN.md). Names are data, not behaviour:
+discovery finds these files on a host, the simulated driver creates them, planning picks them by capability.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+CAPABILITIES: tuple[str, ...] = ("compute", "utility", "video", "graphics", "display", "compat32", "ngx")
+DEFAULT_CAPABILITIES: tuple[str, ...] = ("utility", "compute")
+
+LIB_DIR = "/usr/lib/x86_64-linux-gnu"
+LIB32_DIR = "/usr/lib/i386-linux-gnu"
+FIRMWARE_DIR = "/lib/firmware/nvidia"
+
+
+@dataclass(frozen=True)
+class LibrarySpec:
+    """One driver library: `lib<name>.so.<driver version>` whose soname is `lib<name>.so.<soname_version>`.
+
+    `soname_version` None means the soname carries the full driver version (libnvidia-glcore & co).
+    """
+
+    name: str
+    capability: str
+    soname_version: str | None
+    subdir: str = ""  # e.g. "vdpau" for libvdpau_nvidia
+
+    def file_name(self, driver_version: str) -> str:
+        return f"{self.name}.so.{driver_version}"
+
+    def soname(self, driver_version: str) -> str:
+        return f"{self.name}.so.{self.soname_version or driver_version}"
+
+
+def _libs(capability: str, *entries: tuple[str, str | None] | tuple[str, str | None, str]) -> list[LibrarySpec]:
+    return [LibrarySpec(e[0], capability, e[1], e[2] if len(e) > 2 else "") for e in entries]  # type: ignore[misc]
+
+
+LIBRARIES: tuple[LibrarySpec, ...] = tuple(
+    _libs("utility", ("libnvidia-ml", "1"), ("libnvidia-cfg", "1"), ("libnvidia-nscq", "2"))
+    + _libs(
+        "compute",
+        ("libcuda", "1"),
+        ("libcudadebugger", "1"),
+        ("libnvidia-opencl", "1"),
+        ("libnvidia-gpucomp", None),
+        ("libnvidia-ptxjitcompiler", "1"),
+        ("libnvidia-fatbinaryloader", None),
+        ("libnvidia-allocator", "1"),
+        ("libnvidia-compiler", None),
+        ("libnvidia-pkcs11", None),
+        ("libnvidia-pkcs11-openssl3", None),
+        ("libnvidia-nvvm", "4"),
+    )
+    + _libs(
+        "video",
+        ("libvdpau_nvidia", "1", "vdpau"),
+        ("libnvidia-encode", "1"),
+        ("libnvidia-opticalflow", "1"),
+        ("libnvcuvid", "1"),
+    )
+    + _libs(
+        "graphics",
+        ("libnvidia-eglcore", None),
+        ("libnvidia-glcore", None),
+        ("libnvidia-tls", None),
+        ("libnvidia-glsi", None),
+        ("libnvidia-fbc", "1"),
+        ("libnvidia-ifr", "1"),
+        ("libnvidia-rtcore", None),
+        ("libnvoptix", "1"),
+        ("libGLX_nvidia", "0"),
+        ("libEGL_nvidia", "0"),
+        ("libGLESv2_nvidia", "2"),
+        ("libGLESv1_CM_nvidia", "1"),
+        ("libnvidia-glvkspirv", None),
+        ("libnvidia-cbl", None),
+    )
+    + _libs("ngx", ("libnvidia-ngx", "1"))
+)
+
+# Development links created in the container: link name -> soname it points to (same directory).
+DEV_LINKS: dict[str, str] = {
+    "libcuda.so": "libcuda.so.1",
+    "libnvidia-ml.so": "libnvidia-ml.so.1",
+    "libGLX_indirect.so.0": "libGLX_nvidia.so.0",
+    "libnvidia-opticalflow.so": "libnvidia-opticalflow.so.1",
+}
+
+
+@dataclass(frozen=True)
+class BinarySpec:
+    name: str
+    capability: str
+
+
+BINARIES: tuple[BinarySpec, ...] = (
+    BinarySpec("nvidia-smi", "utility"),
+    BinarySpec("nvidia-debugdump", "utility"),
+    BinarySpec("nvidia-persistenced", "utility"),
+    BinarySpec("nv-fabricmanager", "utility"),
+    BinarySpec("nvidia-cuda-mps-control", "compute"),
+    BinarySpec("nvidia-cuda-mps-server", "compute"),
+)
+BINARY_DIRS: tuple[str, ...] = ("/usr/bin", "/usr/sbin", "/bin", "/sbin")
+
+
+@dataclass(frozen=True)
+class IpcSpec:
+    """A unix socket or pipe directory; mounted only when present on the host."""
+
+    path: str
+    capability: str  # one capability; "compute" also covers "video"
+    is_dir: bool = False
+
+
+IPC: tuple[IpcSpec, ...] = (
+    IpcSpec("/var/run/nvidia-persistenced/socket", "utility"),
+    IpcSpec("/var/run/nvidia-fabricmanager/socket", "utility"),
+    IpcSpec("/tmp/nvidia-mps", "compute", is_dir=True),
+)
+
+# Graphics configuration files (canonical container paths); globs allowed in the last component.
+GRAPHICS_CONFIGS: tuple[str, ...] = (
+    "/usr/share/glvnd/egl_vendor.d/10_nvidia.json",
+    "/usr/share/vulkan/icd.d/nvidia_icd.json",
+    "/usr/share/vulkan/implicit_layer.d/nvidia_layers.json",
+    "/usr/share/egl/egl_external_platform.d/*nvidia*.json",
+    "/etc/OpenCL/vendors/nvidia.icd",
+    "/usr/share/nvidia/nvoptix.bin",
+)
+# A config file may live under /etc instead of /usr/share on some distributions: same container path.
+CONFIG_ALTERNATE_PREFIXES: dict[str, str] = {"/usr/share/vulkan/": "/etc/vulkan/", "/usr/share/glvnd/": "/etc/glvnd/"}
+
+FIRMWARE_GLOB = "gsp*.bin"
+
+# Device nodes (names under /dev).
+CTL_NODE = "nvidiactl"  # 195:255
+MODESET_NODE = "nvidia-modeset"  # 195:254
+UVM_NODES: tuple[str, ...] = ("nvidia-uvm", "nvidia-uvm-tools")
+NVIDIA_MAJOR = 195
+DRI_MAJOR = 226
+CAPS_DIR = "nvidia-caps"
+
+# Which capabilities pull in which others' files (DESIGN.md: video implies compute, display = graphics + modeset).
+CAPABILITY_IMPLIES: dict[str, tuple[str, ...]] = {"video": ("compute",), "display": ("graphics",)}
+
+
+def expand_capabilities(capabilities: frozenset[str] | set[str] | tuple[str, ...]) -> frozenset[str]:
+    """Close a capability set under CAPABILITY_IMPLIES."""
+    result = set(capabilities)
+    for cap in list(result):
+        result.update(CAPABILITY_IMPLIES.get(cap, ()))
+    return frozenset(result)
+
+
+def library_by_soname(driver_version: str) -> dict[str, LibrarySpec]:
+    return {lib.soname(driver_version): lib for lib in LIBRARIES}

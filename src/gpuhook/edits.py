@@ -1,0 +1,170 @@
+"""Container edits: the one model shared by the CDI generator, the prestart hook, the runtime shim and `list`.
+
+`device_edits` and `common_edits` are the planning functions (pure: no syscalls, no files written).
+The CDI generator renders them per device plus a common part; the hook merges them for one container.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from . import driverfiles as catalogue
+from .discover.inventory import DeviceNode, DriverFile, Gpu, Inventory, MigDevice
+
+FILE_OPTIONS: tuple[str, ...] = ("ro", "nosuid", "nodev", "rbind", "rprivate")
+SOCKET_OPTIONS: tuple[str, ...] = ("nosuid", "nodev", "noexec", "rbind", "rprivate")
+ALL_CAPABILITIES = frozenset(catalogue.CAPABILITIES)
+
+
+@dataclass(frozen=True)
+class Mount:
+    host_path: str
+    container_path: str
+    options: tuple[str, ...] = FILE_OPTIONS
+    type: str = "bind"
+
+    @property
+    def read_only(self) -> bool:
+        return "ro" in self.options
+
+
+@dataclass(frozen=True)
+class Symlink:
+    """`link` (absolute container path) pointing at `target` (as written in the link, usually a file name)."""
+
+    target: str
+    link: str
+
+
+@dataclass
+class ContainerEdits:
+    env: list[str] = field(default_factory=list)
+    device_nodes: list[DeviceNode] = field(default_factory=list)
+    mounts: list[Mount] = field(default_factory=list)
+    symlinks: list[Symlink] = field(default_factory=list)
+    ld_dirs: list[str] = field(default_factory=list)  # container folders whose libraries need the ld cache
+    # Hook-only: /proc/driver/nvidia content of the selected GPUs (a runtime cannot mount into /proc for CDI).
+    proc_gpu_dirs: list[str] = field(default_factory=list)
+    params_host_path: str = ""
+
+    def is_empty(self) -> bool:
+        return not (self.env or self.device_nodes or self.mounts or self.symlinks or self.ld_dirs)
+
+    def merge(self, other: ContainerEdits) -> ContainerEdits:
+        """Union keeping first-seen order; a later entry for the same container path is dropped."""
+        return ContainerEdits(
+            env=_unique(self.env + other.env, key=lambda e: e.partition("=")[0]),
+            device_nodes=_unique(self.device_nodes + other.device_nodes, key=lambda n: n.path),
+            mounts=_unique(self.mounts + other.mounts, key=lambda m: m.container_path),
+            symlinks=_unique(self.symlinks + other.symlinks, key=lambda s: s.link),
+            ld_dirs=_unique(self.ld_dirs + other.ld_dirs, key=lambda d: d),
+            proc_gpu_dirs=_unique(self.proc_gpu_dirs + other.proc_gpu_dirs, key=lambda d: d),
+            params_host_path=self.params_host_path or other.params_host_path,
+        )
+
+
+def _unique(items: Iterable, key) -> list:  # type: ignore[no-untyped-def]
+    seen: set = set()
+    out = []
+    for item in items:
+        k = key(item)
+        if k not in seen:
+            seen.add(k)
+            out.append(item)
+    return out
+
+
+def merge_all(parts: Iterable[ContainerEdits]) -> ContainerEdits:
+    result = ContainerEdits()
+    for part in parts:
+        result = result.merge(part)
+    return result
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What one container gets: devices (whole GPUs and MIG devices) and driver capabilities."""
+
+    devices: tuple[Gpu | MigDevice, ...] = ()
+    capabilities: frozenset[str] = frozenset(catalogue.DEFAULT_CAPABILITIES)
+    mig_config: bool = False
+    mig_monitor: bool = False
+
+
+def _parent(inv: Inventory, device: Gpu | MigDevice) -> Gpu:
+    return device if isinstance(device, Gpu) else inv.gpus[device.gpu_index]
+
+
+def device_edits(inv: Inventory, device: Gpu | MigDevice, capabilities: frozenset[str] = ALL_CAPABILITIES) -> ContainerEdits:
+    """The nodes (and, for the hook, proc entries) that belong to one device."""
+    gpu = _parent(inv, device)
+    caps = catalogue.expand_capabilities(capabilities)
+    nodes: list[DeviceNode] = [gpu.node] if gpu.node else []
+    if isinstance(device, MigDevice):
+        nodes += device.cap_nodes
+    elif "graphics" in caps:
+        nodes += gpu.dri_nodes
+    return ContainerEdits(device_nodes=nodes, proc_gpu_dirs=[gpu.proc_dir] if gpu.proc_dir else [])
+
+
+def _wanted(f: DriverFile, caps: frozenset[str]) -> bool:
+    if f.kind == "lib32":
+        return "compat32" in caps and f.capability in caps
+    return f.capability in caps
+
+
+def _mount(f: DriverFile) -> Mount:
+    return Mount(f.host_path, f.path, SOCKET_OPTIONS if f.kind == "ipc" else FILE_OPTIONS)
+
+
+def _links(libs: list[DriverFile]) -> list[Symlink]:
+    links: list[Symlink] = []
+    by_soname = {(posixpath.dirname(f.path), f.soname): f for f in libs}
+    for f in libs:
+        folder, name = posixpath.split(f.path)
+        if f.soname and f.soname != name:
+            links.append(Symlink(name, posixpath.join(folder, f.soname)))
+    for link_name, soname in catalogue.DEV_LINKS.items():
+        for (folder, so), _f in by_soname.items():
+            if so == soname:
+                links.append(Symlink(soname, posixpath.join(folder, link_name)))
+    return links
+
+
+def control_nodes(inv: Inventory, capabilities: frozenset[str]) -> list[DeviceNode]:
+    caps = catalogue.expand_capabilities(capabilities)
+    names = [catalogue.CTL_NODE]
+    if caps & {"compute", "video"}:
+        names += list(catalogue.UVM_NODES)
+    if "display" in caps:
+        names.append(catalogue.MODESET_NODE)
+    return [inv.control_nodes[n] for n in names if n in inv.control_nodes]
+
+
+def common_edits(inv: Inventory, capabilities: frozenset[str] = ALL_CAPABILITIES, *,
+                 mig_config: bool = False, mig_monitor: bool = False) -> ContainerEdits:
+    """Control nodes, driver files, links and ld cache folders for a capability set."""
+    caps = catalogue.expand_capabilities(capabilities)
+    files = [f for f in inv.files if _wanted(f, caps)]
+    libs = [f for f in files if f.kind in ("lib", "lib32")]
+    nodes = control_nodes(inv, caps)
+    if mig_config and "config" in inv.mig_control_nodes:
+        nodes.append(inv.mig_control_nodes["config"])
+    if mig_monitor and "monitor" in inv.mig_control_nodes:
+        nodes.append(inv.mig_control_nodes["monitor"])
+    return ContainerEdits(
+        device_nodes=nodes,
+        mounts=[_mount(f) for f in files],
+        symlinks=_links(libs),
+        ld_dirs=_unique([posixpath.dirname(f.path) for f in libs], key=lambda d: d),
+        params_host_path=inv.params_host_path,
+    )
+
+
+def plan(inv: Inventory, selection: Selection) -> ContainerEdits:
+    """Everything one container gets for `selection`: the hook's and `gpuhook list`'s single source."""
+    caps = selection.capabilities
+    common = common_edits(inv, caps, mig_config=selection.mig_config, mig_monitor=selection.mig_monitor)
+    return merge_all([*(device_edits(inv, d, caps) for d in selection.devices), common])

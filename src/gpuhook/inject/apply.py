@@ -1,0 +1,111 @@
+"""Apply ContainerEdits to a starting container from a prestart hook.
+
+Host files (mount sources, ldconfig) are opened by descriptor in the hook's own namespace; a forked child
+then joins the container's mount namespace once (the hook process itself never switches), creates nodes,
+mounts, links and the ld cache there, and reports one line back through a pipe. The device cgroup is
+widened from the parent, on the host side.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+from .. import _native
+from ..edits import ContainerEdits
+from ..errors import InjectionError
+from . import ldcache, mounts
+from .rootfs import RootFS
+
+
+def _params_without_modify(host_params: str) -> bytes:
+    """The driver's params with ModifyDeviceFiles: 0, so the driver inside never creates device nodes."""
+    with open(host_params, encoding="utf-8", errors="replace") as f:
+        lines = f.read().splitlines()
+    out = [("ModifyDeviceFiles: 0" if line.startswith("ModifyDeviceFiles:") else line) for line in lines]
+    return ("\n".join(out) + "\n").encode()
+
+
+def _mask_proc(root: RootFS, edits: ContainerEdits, proc_root: str) -> None:
+    """With a real driver the container's procfs shows every GPU: hide the unselected ones, pin params.
+
+    Nothing to do where the container's /proc has no driver directory (no kernel module, as on a simulation).
+    """
+    if not root.exists("/proc/driver/nvidia/gpus"):
+        return
+    sources = {d: mounts.clone_source(os.path.join(proc_root, d.removeprefix("/proc/"))) for d in edits.proc_gpu_dirs}
+    gfd = root.open("/proc/driver/nvidia/gpus")
+    try:
+        _native.mount("tmpfs", f"/proc/self/fd/{gfd}", "tmpfs", _native.MS_NOSUID | _native.MS_NODEV | _native.MS_NOEXEC,
+                      "mode=0555,size=4k")
+    finally:
+        os.close(gfd)
+    for path, fd in sources.items():
+        mounts.bind(root, fd, path, ("ro", "nosuid", "nodev", "noexec"))
+        os.close(fd)
+    if edits.params_host_path:
+        memfd = os.memfd_create("nvidia-params", os.MFD_CLOEXEC)
+        os.write(memfd, _params_without_modify(edits.params_host_path))
+        mounts.bind(root, memfd, "/proc/driver/nvidia/params", ("ro", "nosuid", "nodev", "noexec"))
+        os.close(memfd)
+
+
+def apply_in_namespace(rootfs_path: str, edits: ContainerEdits, sources: dict[str, int], ldconfig_fd: int,
+                       proc_root: str) -> None:
+    """Everything that happens inside the container's mount namespace (the caller has joined it)."""
+    os.umask(0)
+    with RootFS(rootfs_path) as root:
+        for node in edits.device_nodes:
+            root.mknod(node.path, node.mode, node.major, node.minor, node.type)
+        for m in edits.mounts:
+            mounts.bind(root, sources[m.container_path], m.container_path, m.options)
+        for link in edits.symlinks:
+            root.symlink(link.target, link.link)
+        _mask_proc(root, edits, proc_root)
+        os.umask(0o022)
+        if edits.ld_dirs:
+            ldcache.update_ldcache(root, edits.ld_dirs, ldconfig_fd)
+
+
+def run_in_mount_namespace(pid: int, work: Callable[[], None], proc_root: str = "/proc") -> None:
+    """Run `work` in a forked child that joined /proc/<pid>/ns/mnt; re-raise its failure as one line here."""
+    try:
+        ns_fd = os.open(f"{proc_root}/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise InjectionError(f"cannot open mount namespace of container process {pid}: {exc.strerror}") from None
+    r, w = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.close(r)
+        code = 0
+        try:
+            _native.setns(ns_fd, _native.CLONE_NEWNS)
+            work()
+        except BaseException as exc:  # noqa: BLE001 - everything becomes one line for the parent
+            msg = str(exc) if isinstance(exc, InjectionError) else f"{type(exc).__name__}: {exc}"
+            os.write(w, msg.encode()[:4000])
+            code = 1
+        os._exit(code)
+    os.close(w)
+    os.close(ns_fd)
+    with os.fdopen(r, "rb") as pipe:
+        message = pipe.read().decode(errors="replace").strip()
+    _, status = os.waitpid(child, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise InjectionError(message or f"injection child died ({os.waitstatus_to_exitcode(status)})")
+
+
+def inject(pid: int, rootfs_path: str, edits: ContainerEdits, ldconfig_path: str, proc_root: str = "/proc",
+           host_proc_root: str = "/proc") -> None:
+    """Apply `edits` to the container whose init process is `pid` (prestart: namespaces exist, no pivot yet)."""
+    sources = {m.container_path: mounts.clone_source(m.host_path) for m in edits.mounts}
+    ldconfig_fd = ldcache.open_ldconfig(ldconfig_path) if edits.ld_dirs else -1
+    try:
+        run_in_mount_namespace(
+            pid, lambda: apply_in_namespace(rootfs_path, edits, sources, ldconfig_fd, proc_root), host_proc_root
+        )
+    finally:
+        for fd in sources.values():
+            os.close(fd)
+        if ldconfig_fd >= 0:
+            os.close(ldconfig_fd)

@@ -1,0 +1,58 @@
+"""Bind mounts of host files into a container rootfs, done by descriptor (no path is resolved twice).
+
+A bind mount's source must live in the caller's mount namespace, so sources are cloned with
+open_tree(OPEN_TREE_CLONE) in the host's namespace first; the detached copies are attached inside the
+container's namespace with move_mount onto a target descriptor resolved in the rootfs.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from .. import _native
+from ..errors import InjectionError
+from .rootfs import RootFS
+
+MOVE_MOUNT_T_EMPTY_PATH = getattr(_native, "MOVE_MOUNT_T_EMPTY_PATH", 0x40)
+_OPTION_FLAGS = {"ro": _native.MS_RDONLY, "nosuid": _native.MS_NOSUID, "nodev": _native.MS_NODEV,
+                 "noexec": _native.MS_NOEXEC}
+
+
+def clone_source(host_path: str) -> int:
+    """A detached copy of the mount of `host_path` (submounts too for a directory), taken in the host's
+    namespace before joining the container's."""
+    try:
+        return _native.open_tree(_native.AT_FDCWD, host_path,
+                                 _native.OPEN_TREE_CLONE | _native.OPEN_TREE_CLOEXEC | _native.AT_RECURSIVE)
+    except OSError as exc:
+        raise InjectionError(f"cannot open host file {host_path}: {exc.strerror}") from None
+
+
+def remount_flags(options: tuple[str, ...]) -> int:
+    flags = _native.MS_REMOUNT | _native.MS_BIND
+    for opt in options:
+        flags |= _OPTION_FLAGS.get(opt, 0)
+    return flags
+
+
+def bind(rootfs: RootFS, tree_fd: int, container_path: str, options: tuple[str, ...]) -> None:
+    """Attach the cloned tree `tree_fd` at `container_path` inside the rootfs, then apply the option flags."""
+    is_dir = stat.S_ISDIR(os.fstat(tree_fd).st_mode)
+    target = rootfs.mkdirs(container_path) if is_dir else rootfs.ensure_file(container_path)
+    try:
+        _native.move_mount(tree_fd, "", target, "", _native.MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH)
+    except OSError as exc:
+        raise InjectionError(f"cannot mount {container_path} in container: {exc.strerror}") from None
+    finally:
+        os.close(target)
+    # The target descriptor names the covered file: reopen to reach the new mount on top of it.
+    top = rootfs.open(container_path)
+    try:
+        _native.mount(None, f"/proc/self/fd/{top}", None, _native.MS_PRIVATE, None)
+        _native.mount(None, f"/proc/self/fd/{top}", None, remount_flags(options), None)
+    except OSError as exc:
+        raise InjectionError(f"cannot remount {container_path} ({','.join(options)}) in container: "
+                             f"{exc.strerror}") from None
+    finally:
+        os.close(top)

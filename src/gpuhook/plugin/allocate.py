@@ -1,0 +1,78 @@
+"""Allocate: kubelet device ids -> the container's CDI device names, plus the fallbacks the strategy list names.
+
+Pure and table-driven (no NVML, no filesystem): the plugin names devices, the runtime (through CDI) or the hook
+(through the env, mounts or annotations) puts them in. Replicas map back to their GPU; a GPU named twice (two
+replicas of it) is named once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from . import api_pb2 as pb
+from .devices import PluginDevice, annotation_key
+
+VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+VOLUME_MOUNT_DIR = "/var/run/nvidia-container-devices"
+
+
+class AllocationError(ValueError):
+    """Unknown or unhealthy ids in a request: becomes gRPC INVALID_ARGUMENT with this message."""
+
+
+@dataclass(frozen=True)
+class Bad:
+    unknown: tuple[str, ...]
+    unhealthy: tuple[str, ...]
+
+    def message(self) -> str:
+        parts = []
+        if self.unknown:
+            parts.append("unknown device ids: " + ", ".join(self.unknown))
+        if self.unhealthy:
+            parts.append("unhealthy device ids: " + ", ".join(self.unhealthy))
+        return "; ".join(parts)
+
+
+def resolve(ids: Sequence[str], by_id: Mapping[str, PluginDevice], unhealthy: Mapping[tuple[int, int], str]
+            ) -> list[PluginDevice]:
+    """The devices for one container's ids, duplicates (by underlying device) removed, in request order."""
+    unknown = [i for i in ids if i not in by_id]
+    sick = [i for i in ids if i in by_id and by_id[i].key in unhealthy]
+    if unknown or sick:
+        raise AllocationError(Bad(tuple(unknown), tuple(sick)).message())
+    out: list[PluginDevice] = []
+    seen: set[tuple[int, int]] = set()
+    for i in ids:
+        d = by_id[i]
+        if d.key not in seen:
+            seen.add(d.key)
+            out.append(d)
+    return out
+
+
+def container_response(devices: Sequence[PluginDevice], strategies: Sequence[str]) -> pb.ContainerAllocateResponse:
+    resp = pb.ContainerAllocateResponse()
+    if "cdi-cri" in strategies:
+        resp.cdi_devices.extend(pb.CDIDevice(name=d.cdi_name) for d in devices)
+    if "envvar" in strategies:
+        resp.envs[VISIBLE_DEVICES] = ",".join(d.base_id for d in devices)
+    if "volume-mounts" in strategies:
+        if "envvar" not in strategies:
+            resp.envs[VISIBLE_DEVICES] = VOLUME_MOUNT_DIR  # marks a GPU container; the mounts name the devices
+        resp.mounts.extend(pb.Mount(container_path=f"{VOLUME_MOUNT_DIR}/{d.base_id}", host_path="/dev/null",
+                                    read_only=True) for d in devices)
+    if "cdi-annotations" in strategies:
+        for d in devices:
+            resp.annotations[annotation_key(d.base_id)] = d.cdi_name
+    return resp
+
+
+def allocate(request: pb.AllocateRequest, by_id: Mapping[str, PluginDevice],
+             unhealthy: Mapping[tuple[int, int], str], strategies: Sequence[str]) -> pb.AllocateResponse:
+    """The whole AllocateResponse; raises AllocationError naming every bad id of the first bad container."""
+    out = pb.AllocateResponse()
+    for creq in request.container_requests:
+        out.container_responses.append(container_response(resolve(creq.devices_ids, by_id, unhealthy), strategies))
+    return out

@@ -1,0 +1,199 @@
+"""The plugin process: start (discover, write the CDI spec, serve, register), watch kubelet, stop cleanly.
+
+Order matters: kubelet's Register dials our socket before it answers, so every resource is served before it
+registers. A recreated `kubelet.sock` (kubelet restarted) means register again; our socket gone (kubelet wiped
+its directory) means serve again on a fresh socket, then register. SIGTERM/SIGINT stop serving and remove the
+sockets; SIGHUP re-discovers (a device change: new topology, new spec, new lists).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import stat
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import FrameType
+
+from ..discover.inventory import Inventory
+from . import cdispec, topology
+from .devices import Options, Resource, plan
+from .health import HealthConfig, HealthMonitor
+from .registration import KUBELET_SOCKET, Registrar
+from .server import DevicePluginService, Endpoint
+from .state import HealthBoard
+from .watch import DirWatcher
+
+log = logging.getLogger("gpuhook.plugin")
+
+DEFAULT_KUBELET_DIR = "/var/lib/kubelet/device-plugins"
+WATCH_TICK = 0.5  # seconds between checks when nothing wakes the watcher
+
+
+@dataclass(frozen=True)
+class PluginConfig:
+    options: Options = field(default_factory=Options)
+    kubelet_dir: str = DEFAULT_KUBELET_DIR
+    cdi_spec_dir: str | None = "/var/run/cdi"  # None: write no spec (the names must resolve some other way)
+    hook_path: str = "/usr/local/bin/gpuhook"
+    host_driver_root: str | None = None
+    health: HealthConfig = field(default_factory=HealthConfig)
+    sys_root: str = "/sys"
+    nvml_library: str | None = None  # None: the driver root's libnvidia-ml.so.1
+
+
+@dataclass
+class Served:
+    """One resource being served: its service, socket and registrar."""
+
+    resource: Resource
+    service: DevicePluginService
+    endpoint: Endpoint
+    registrar: Registrar
+
+
+def _identity(path: str) -> tuple[int, int, int] | None:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_ctime_ns) if stat.S_ISSOCK(st.st_mode) else None
+
+
+class Plugin:
+    def __init__(self, config: PluginConfig, load_inventory: Callable[[], Inventory]) -> None:
+        self.config = config
+        self.load_inventory = load_inventory
+        self.board = HealthBoard()
+        self.inventory: Inventory | None = None
+        self.resources: list[Resource] = []
+        self.served: list[Served] = []
+        self.monitor: HealthMonitor | None = None
+        self.spec_path = ""
+        self.watcher = DirWatcher(config.kubelet_dir)
+        self._stop = threading.Event()
+        self._reload = threading.Event()
+        self.kubelet_socket = os.path.join(config.kubelet_dir, KUBELET_SOCKET)
+
+    # -- start / stop -------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Discover, plan, write the spec, start health, serve each resource, then ask to register."""
+        inv = self.load_inventory()
+        resources = plan(inv, self.config.options)
+        if not resources:
+            from ..errors import ConfigError
+
+            raise ConfigError(f"no device to advertise (driver root {inv.driver_root}, "
+                              f"MIG strategy {self.config.options.mig_strategy})")
+        if self.config.cdi_spec_dir is not None:
+            self.spec_path = cdispec.write(inv, resources, self.config.cdi_spec_dir, self.config.hook_path,
+                                           self.config.host_driver_root)
+            log.info("wrote CDI spec %s", self.spec_path)
+        self.inventory, self.resources = inv, resources
+        devices = [d for r in resources for d in r.devices]
+        library = self.config.nvml_library
+        if library is None and self.config.health.enabled:
+            from ..discover import nvml_library
+
+            library = nvml_library(inv.driver_root)
+        self.monitor = HealthMonitor(inv, devices, self.board, self.config.health, library)
+        self.monitor.start()
+        for resource in resources:
+            table = topology.build(inv, resource.devices, self.config.sys_root)
+            service = DevicePluginService(resource, self.board, table, self.config.options.list_strategies)
+            endpoint = Endpoint(service, os.path.join(self.config.kubelet_dir, resource.socket_name))
+            endpoint.start()
+            registrar = Registrar(self.kubelet_socket, resource.socket_name, resource.name)
+            self.served.append(Served(resource, service, endpoint, registrar))
+            log.info("%s: %d device(s): %s", resource.name, len(resource.devices),
+                     ", ".join(d.id for d in resource.devices))
+        for s in self.served:
+            s.registrar.request()
+
+    def shutdown(self) -> None:
+        """Stop registering and serving, remove our sockets, stop the health thread."""
+        for s in self.served:
+            s.registrar.stop()
+        for s in self.served:
+            s.endpoint.stop()
+        self.served = []
+        if self.monitor is not None:
+            self.monitor.stop()
+            self.monitor = None
+
+    # -- the watch loop -----------------------------------------------------------------------------------------
+    def request_stop(self) -> None:
+        self._stop.set()
+        self.watcher.wake()
+
+    def request_reload(self) -> None:
+        self._reload.set()
+        self.watcher.wake()
+
+    def install_signal_handlers(self) -> None:
+        def on_stop(signum: int, frame: FrameType | None) -> None:
+            log.info("signal %d: stopping", signum)
+            self.request_stop()
+
+        def on_hup(signum: int, frame: FrameType | None) -> None:
+            self.request_reload()
+
+        signal.signal(signal.SIGTERM, on_stop)
+        signal.signal(signal.SIGINT, on_stop)
+        signal.signal(signal.SIGHUP, on_hup)
+
+    def run(self) -> None:
+        """Watch until stopped, then shut down. Returns normally (exit 0) after SIGTERM/SIGINT."""
+        kubelet = _identity(self.kubelet_socket)
+        try:
+            while not self._stop.is_set():
+                self.watcher.wait(WATCH_TICK)
+                if self._stop.is_set():
+                    break
+                if self._reload.is_set():
+                    self._reload.clear()
+                    self.reload()
+                now = _identity(self.kubelet_socket)
+                restarted = now is not None and now != kubelet
+                kubelet = now
+                self.check(restarted)
+        finally:
+            self.shutdown()
+            self.watcher.close()
+
+    def check(self, kubelet_restarted: bool) -> None:
+        """Serve again where our socket vanished; register again where kubelet came back or we re-served."""
+        for s in self.served:
+            if not s.endpoint.socket_intact():
+                log.warning("%s: socket %s gone: serving again", s.resource.name, s.endpoint.path)
+                s.endpoint.stop(grace=0)
+                s.service.stopped.clear()
+                s.endpoint.start()
+                s.registrar.request()
+            elif kubelet_restarted:
+                log.warning("%s: kubelet.sock recreated: registering again", s.resource.name)
+                s.registrar.request()
+
+    def reload(self) -> None:
+        """A device change: re-discover, recompute topology and the spec, serve and register the new lists."""
+        log.info("reloading: discovering devices again")
+        self.shutdown()
+        self.board = HealthBoard()
+        self.start()
+
+
+def serve_forever(config: PluginConfig, load_inventory: Callable[[], Inventory]) -> None:
+    """The `gpuhook device-plugin` body: start, then watch until SIGTERM/SIGINT."""
+    plugin = Plugin(config, load_inventory)
+    plugin.install_signal_handlers()
+    started = time.monotonic()
+    try:
+        plugin.start()
+    except BaseException:
+        plugin.shutdown()
+        raise
+    log.info("device plugin ready in %.0f ms", (time.monotonic() - started) * 1000)
+    plugin.run()

@@ -1,0 +1,142 @@
+"""The DevicePlugin gRPC service for one resource, served on its own unix socket.
+
+ListAndWatch sends the full list (stable order: by GPU index, MIG index, replica) at once and again on every
+health change; Allocate and GetPreferredAllocation answer from tables built at plan time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import stat
+import threading
+from collections.abc import Iterator, Sequence
+from concurrent import futures
+
+import grpc
+
+from . import api_pb2 as pb
+from . import api_pb2_grpc as pb_grpc
+from .allocate import AllocationError, allocate
+from .devices import Resource
+from .state import HealthBoard
+from .topology import Chooser, Place
+
+log = logging.getLogger("gpuhook.plugin.server")
+
+HEALTHY = "Healthy"
+UNHEALTHY = "Unhealthy"
+STREAM_TICK = 1.0  # seconds a ListAndWatch stream sleeps before re-checking that it should still run
+
+
+class DevicePluginService(pb_grpc.DevicePluginServicer):
+    def __init__(self, resource: Resource, board: HealthBoard, table: dict[str, Place],
+                 strategies: Sequence[str]) -> None:
+        self.resource = resource
+        self.board = board
+        self.table = table
+        self.strategies = tuple(strategies)
+        self.by_id = resource.by_id()
+        self.chooser = Chooser(resource.devices, table)
+        self.stopped = threading.Event()
+
+    # -- list ---------------------------------------------------------------------------------------------------
+    def device_list(self) -> pb.ListAndWatchResponse:
+        unhealthy = self.board.unhealthy
+        out = pb.ListAndWatchResponse()
+        for d in self.resource.devices:
+            dev = out.devices.add(ID=d.id, health=UNHEALTHY if d.key in unhealthy else HEALTHY)
+            numa = self.table[d.id].numa if d.id in self.table else -1
+            if numa >= 0:
+                dev.topology.nodes.add(ID=numa)
+        return out
+
+    def GetDevicePluginOptions(self, request: pb.Empty, context: grpc.ServicerContext) -> pb.DevicePluginOptions:
+        return pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
+
+    def ListAndWatch(self, request: pb.Empty, context: grpc.ServicerContext) -> Iterator[pb.ListAndWatchResponse]:
+        context.add_callback(self.board.wake)
+        version = self.board.version
+        last = self.device_list()
+        yield last
+        while not self.stopped.is_set() and context.is_active():
+            version = self.board.wait(version, STREAM_TICK)
+            current = self.device_list()
+            if current != last and not self.stopped.is_set():
+                last = current
+                yield current
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.board.wake()
+
+    # -- allocation ---------------------------------------------------------------------------------------------
+    def GetPreferredAllocation(self, request: pb.PreferredAllocationRequest,
+                               context: grpc.ServicerContext) -> pb.PreferredAllocationResponse:
+        out = pb.PreferredAllocationResponse()
+        for creq in request.container_requests:
+            chosen = self.chooser.choose(list(creq.available_deviceIDs), list(creq.must_include_deviceIDs),
+                                         int(creq.allocation_size))
+            out.container_responses.add(deviceIDs=chosen)
+        return out
+
+    def Allocate(self, request: pb.AllocateRequest, context: grpc.ServicerContext) -> pb.AllocateResponse:
+        try:
+            return allocate(request, self.by_id, self.board.unhealthy, self.strategies)
+        except AllocationError as exc:
+            log.warning("Allocate refused for %s: %s", self.resource.name, exc)
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{self.resource.name}: {exc}")
+            raise  # unreachable: abort raises
+
+    def PreStartContainer(self, request: pb.PreStartContainerRequest,
+                          context: grpc.ServicerContext) -> pb.PreStartContainerResponse:
+        return pb.PreStartContainerResponse()
+
+
+def _socket_identity(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino) if stat.S_ISSOCK(st.st_mode) else None
+
+
+class Endpoint:
+    """One gRPC server on `<kubelet dir>/<socket name>`; knows whether its socket file is still its own."""
+
+    def __init__(self, service: DevicePluginService, socket_path: str, workers: int = 8) -> None:
+        self.service = service
+        self.path = socket_path
+        self.workers = workers
+        self.server: grpc.Server | None = None
+        self.identity: tuple[int, int] | None = None
+
+    def start(self) -> None:
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)  # a stale socket from an earlier run would make bind fail
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=self.workers,
+                                                        thread_name_prefix="gpuhook-grpc"),
+                             options=[("grpc.so_reuseport", 0)])
+        pb_grpc.add_DevicePluginServicer_to_server(self.service, server)
+        if server.add_insecure_port(f"unix://{self.path}") == 0:
+            raise OSError(f"cannot listen on {self.path}")
+        server.start()
+        self.server = server
+        self.identity = _socket_identity(self.path)
+        log.info("serving %s on %s", self.service.resource.name, self.path)
+
+    def socket_intact(self) -> bool:
+        return self.identity is not None and _socket_identity(self.path) == self.identity
+
+    def stop(self, grace: float | None = 0.2) -> None:
+        """Stop serving (streams end), then remove the socket if it is still ours."""
+        self.service.stop()
+        if self.server is not None:
+            self.server.stop(grace).wait(2.0)
+            self.server = None
+        if self.socket_intact():
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+        self.identity = None

@@ -1,0 +1,146 @@
+"""NUMA placement and GetPreferredAllocation, computed from the inventory once (and again on device change).
+
+The incumbent re-initialises NVML on every GetPreferredAllocation and fails the RPC (and so the pod's admission)
+when a topology query fails. Here topology is a table built at plan time; choosing is pure and deterministic,
+and any failure falls back to index order with a log line instead of an error.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from ..discover.inventory import Inventory
+from .devices import PluginDevice
+
+log = logging.getLogger("gpuhook.plugin.topology")
+
+
+@dataclass(frozen=True)
+class Place:
+    numa: int  # -1 when unknown
+    bus: tuple[int, int, int, int]  # (domain, bus, device, function); all -1 when unknown
+
+
+def parse_bus_id(bus_id: str) -> tuple[int, int, int, int]:
+    """0000:18:00.0 -> (0, 0x18, 0, 0); anything unparsable sorts last."""
+    try:
+        domain, bus, rest = bus_id.split(":")
+        dev, fn = rest.split(".")
+        return (int(domain, 16), int(bus, 16), int(dev, 16), int(fn, 16))
+    except ValueError:
+        return (-1, -1, -1, -1)
+
+
+def sysfs_numa_node(sys_root: str, bus_id: str) -> int:
+    """The PCI device's NUMA node from sysfs, -1 when absent (single-node hosts say -1 too)."""
+    try:
+        with open(os.path.join(sys_root, "bus/pci/devices", bus_id, "numa_node"), encoding="ascii") as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return -1
+
+
+def build(inv: Inventory, devices: Iterable[PluginDevice], sys_root: str = "/sys") -> dict[str, Place]:
+    """id -> Place. A MIG device (and a replica) sits where its GPU sits; NUMA from NVML first, sysfs second."""
+    numa_by_gpu: dict[int, int] = {}
+    table: dict[str, Place] = {}
+    for d in devices:
+        if d.gpu_index not in numa_by_gpu:
+            gpu = inv.gpus[d.gpu_index]
+            numa = gpu.numa_node
+            if numa < 0 and gpu.pci_bus_id:
+                numa = sysfs_numa_node(sys_root, gpu.pci_bus_id)
+            numa_by_gpu[d.gpu_index] = numa
+        table[d.id] = Place(numa_by_gpu[d.gpu_index], parse_bus_id(d.pci_bus_id))
+    return table
+
+
+def _distance(a: tuple[int, int, int, int], b: tuple[int, int, int, int]) -> tuple[int, int]:
+    """PCI closeness: same domain first, then how far apart the bus numbers are."""
+    return (0 if a[0] == b[0] else 1, abs(a[1] - b[1]))
+
+
+class Chooser:
+    """GetPreferredAllocation for one resource: a pure function of (table, order, request)."""
+
+    def __init__(self, devices: Sequence[PluginDevice], table: dict[str, Place]) -> None:
+        self.order = {d.id: i for i, d in enumerate(devices)}
+        self.key = {d.id: d.key for d in devices}
+        self.table = table
+        self.replicated = any(d.replica > 0 for d in devices)
+
+    def choose(self, available: Sequence[str], must: Sequence[str], size: int) -> list[str]:
+        must_list = list(dict.fromkeys(must))
+        if size <= len(must_list):
+            return must_list  # kubelet never asks for fewer than it must include; answer what it insists on
+        pool = sorted({a for a in available if a not in must_list}, key=self._rank)
+        try:
+            picked = self._pick(pool, must_list, size - len(must_list))
+        except Exception as exc:  # a topology bug must never fail the pod's admission
+            log.warning("preferred allocation: topology choice failed (%s); falling back to index order", exc)
+            picked = pool[: size - len(must_list)]
+        return must_list + picked
+
+    def _rank(self, device_id: str) -> tuple[int, str]:
+        return (self.order.get(device_id, len(self.order)), device_id)
+
+    def _place(self, device_id: str) -> Place:
+        return self.table.get(device_id, Place(-1, (-1, -1, -1, -1)))
+
+    def _pick(self, pool: list[str], must: list[str], need: int) -> list[str]:
+        if need >= len(pool):
+            return pool
+        if self.replicated:
+            return self._spread(pool, must, need)
+        by_numa: dict[int, list[str]] = {}
+        for d in pool:
+            by_numa.setdefault(self._place(d).numa, []).append(d)
+        must_numas = {self._place(d).numa for d in must}
+        fitting = [n for n, ds in by_numa.items() if len(ds) >= need]
+        if fitting:
+            # One node: the must-include devices' node, else the tightest fit, else the lowest node id.
+            best = min(fitting, key=lambda n: (n not in must_numas, len(by_numa[n]), n))
+            return self._closest(by_numa[best], must, need)
+        # Spread over the fewest nodes: must-include nodes first, then the fullest, each closest first.
+        picked: list[str] = []
+        for n in sorted(by_numa, key=lambda n: (n not in must_numas, -len(by_numa[n]), n)):
+            picked += self._closest(by_numa[n], must + picked, min(need - len(picked), len(by_numa[n])))
+            if len(picked) == need:
+                break
+        return picked
+
+    def _closest(self, candidates: list[str], anchors: list[str], need: int) -> list[str]:
+        """`need` of `candidates` closest on the PCI tree to the anchors, else the tightest run of bus ids."""
+        if need <= 0:
+            return []
+        buses = {d: self._place(d).bus for d in candidates}
+        if anchors:
+            anchor_buses = [self._place(a).bus for a in anchors]
+            return sorted(candidates, key=lambda d: (min(_distance(buses[d], a) for a in anchor_buses),
+                                                     self._rank(d)))[:need]
+        ordered = sorted(candidates, key=lambda d: (buses[d], self._rank(d)))
+        best = min(range(len(ordered) - need + 1),
+                   key=lambda i: (_distance(buses[ordered[i]], buses[ordered[i + need - 1]]), i))
+        return sorted(ordered[best:best + need], key=self._rank)
+
+    def _spread(self, pool: list[str], must: list[str], need: int) -> list[str]:
+        """Replicas: one per physical device first, least-shared devices first (time-slicing spreads load)."""
+        free: dict[tuple[int, int], list[str]] = {}
+        for d in pool:
+            free.setdefault(self.key[d], []).append(d)
+        used = {self.key[m] for m in must if m in self.key}
+        picked: list[str] = []
+        while len(picked) < need:
+            keys = sorted((k for k, ds in free.items() if ds), key=lambda k: (k in used, -len(free[k]), k))
+            k = keys[0]
+            picked.append(free[k].pop(0))
+            used.add(k)
+        return sorted(picked, key=self._rank)
+
+
+def numa_of(table: dict[str, Place], device_id: str) -> int:
+    place = table.get(device_id)
+    return place.numa if place else -1

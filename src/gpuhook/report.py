@@ -1,0 +1,64 @@
+"""Human and JSON renderings of an Inventory and of ContainerEdits (for `info`, `list` and `doctor`)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from .discover.inventory import DeviceNode, Inventory
+from .edits import ContainerEdits
+
+
+def _node(n: DeviceNode) -> str:
+    return f"{n.path} ({n.type} {n.major}:{n.minor})"
+
+
+def format_inventory(inv: Inventory) -> str:
+    lines = [
+        f"driver version: {inv.driver_version}",
+        f"CUDA version:   {inv.cuda_version or 'unknown'}",
+        f"source:         {inv.source}" + (f" ({'; '.join(inv.notes)})" if inv.notes else ""),
+        f"roots:          driver={inv.driver_root} dev={inv.dev_root} proc={inv.proc_root}",
+        f"GPUs ({len(inv.gpus)}):",
+    ]
+    for g in inv.gpus:
+        mig = " MIG enabled" if g.mig_enabled else ""
+        lines.append(f"  {g.index}: {g.uuid or '-'} {g.pci_bus_id or '-'} minor={g.minor} {g.name}"
+                     f" {g.memory_mib} MiB cc={g.compute_capability or '-'} brand={g.brand or '-'}{mig}")
+        for m in g.mig_devices:
+            caps = ", ".join(_node(n) for n in m.cap_nodes)
+            lines.append(f"     {m.name}: {m.uuid or '-'} {m.profile or '-'} gi={m.gi} ci={m.ci} [{caps}]")
+    lines.append("control nodes:")
+    for n in [*inv.control_nodes.values(), *inv.mig_control_nodes.values()]:
+        lines.append(f"  {_node(n)}")
+    by_cap: dict[str, list[str]] = {}
+    for f in inv.files:
+        by_cap.setdefault(f"{f.capability} {f.kind}", []).append(f.path)
+    lines.append("driver files:")
+    for key in sorted(by_cap):
+        lines.append(f"  {key} ({len(by_cap[key])}):")
+        lines.extend(f"    {p}" for p in by_cap[key])
+    return "\n".join(lines)
+
+
+def edits_to_dict(edits: ContainerEdits) -> dict[str, Any]:
+    return {
+        "env": list(edits.env),
+        "deviceNodes": [asdict(n) for n in edits.device_nodes],
+        "mounts": [{"hostPath": m.host_path, "containerPath": m.container_path, "options": list(m.options)}
+                   for m in edits.mounts],
+        "symlinks": [{"link": s.link, "target": s.target} for s in edits.symlinks],
+        "ldcacheFolders": list(edits.ld_dirs),
+    }
+
+
+def format_edits(edits: ContainerEdits) -> str:
+    lines = ["device nodes:"]
+    lines += [f"  {_node(n)}" for n in edits.device_nodes]
+    lines.append("mounts:")
+    lines += [f"  {m.host_path} -> {m.container_path} ({','.join(m.options)})" for m in edits.mounts]
+    lines.append("links:")
+    lines += [f"  {s.link} -> {s.target}" for s in edits.symlinks]
+    lines.append("ld cache folders:")
+    lines += [f"  {d}" for d in edits.ld_dirs]
+    return "\n".join(lines)

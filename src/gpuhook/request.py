@@ -1,0 +1,210 @@
+"""What a container asks for, parsed from its OCI config (env, mounts, annotations, capabilities).
+
+Pure functions only: the NVIDIA environment contract of DESIGN.md, turned into a `Request`.
+`select.py` then resolves a Request against an Inventory.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from . import driverfiles as catalogue
+from .errors import RequestError
+
+VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+DRIVER_CAPABILITIES = "NVIDIA_DRIVER_CAPABILITIES"
+REQUIRE_PREFIX = "NVIDIA_REQUIRE_"
+DISABLE_REQUIRE = "NVIDIA_DISABLE_REQUIRE"
+MIG_CONFIG = "NVIDIA_MIG_CONFIG_DEVICES"
+MIG_MONITOR = "NVIDIA_MIG_MONITOR_DEVICES"
+VOLUME_MOUNT_DIR = "/var/run/nvidia-container-devices"
+CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
+CDI_KIND = "nvidia.com/gpu"
+SPECIAL_WORDS = ("all", "none", "void")
+TRUE_WORDS = ("1", "true", "yes", "on", "y", "t")
+
+
+@dataclass(frozen=True)
+class Request:
+    """kind: "unset" (not a GPU container), "void" (leave untouched), "none", "all" or "list"."""
+
+    kind: str
+    devices: tuple[str, ...] = ()
+    capabilities: frozenset[str] = frozenset(catalogue.DEFAULT_CAPABILITIES)
+    requirements: tuple[str, ...] = ()
+    mig_config: bool = False
+    mig_monitor: bool = False
+    source: str = "env"  # env, volume-mounts, cdi-annotations, legacy-image
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def wants_gpu_setup(self) -> bool:
+        return self.kind in ("none", "all", "list")
+
+
+@dataclass(frozen=True)
+class Policy:
+    accept_envvar_unprivileged: bool = True
+    accept_volume_mounts: bool = True
+    disable_require: bool = False
+    supported_capabilities: frozenset[str] = frozenset(catalogue.CAPABILITIES)
+
+
+def env_map(env: Iterable[str]) -> dict[str, str]:
+    """OCI `process.env` ("K=V" list) to a dict; the last assignment of a key wins, as in execve."""
+    out: dict[str, str] = {}
+    for item in env:
+        if not isinstance(item, str):
+            raise RequestError(f"process.env entry {item!r} is not a string")
+        key, sep, value = item.partition("=")
+        if sep:
+            out[key] = value
+    return out
+
+
+def parse_visible_devices(value: str | None) -> tuple[str, tuple[str, ...]]:
+    """(kind, device ids). The first special word in list order wins; duplicates collapse."""
+    if value is None:
+        return "unset", ()
+    items = [i.strip() for i in value.split(",")]
+    items = [i for i in items if i]
+    if not items:
+        return "void", ()
+    ids: list[str] = []
+    for item in items:
+        if item in SPECIAL_WORDS:
+            return item, ()
+        if item not in ids:
+            ids.append(item)
+    return "list", tuple(ids)
+
+
+def parse_capabilities(value: str | None, supported: frozenset[str] = frozenset(catalogue.CAPABILITIES)) -> frozenset[str]:
+    if value is None or not value.strip():
+        return frozenset(catalogue.DEFAULT_CAPABILITIES)
+    caps: set[str] = set()
+    for item in (i.strip() for i in value.split(",")):
+        if not item:
+            continue
+        if item == "all":
+            caps.update(supported)
+        elif item in catalogue.CAPABILITIES:
+            caps.add(item)
+        else:
+            raise RequestError(f"unknown driver capability {item!r} in {DRIVER_CAPABILITIES}={value!r}")
+    unsupported = caps - supported
+    if unsupported:
+        raise RequestError(f"driver capability {sorted(unsupported)[0]!r} is not supported by this host's configuration")
+    return frozenset(caps)
+
+
+def is_true(value: str | None) -> bool:
+    return value is not None and value.strip().lower() in TRUE_WORDS
+
+
+_CUDA_VERSION_RE = re.compile(r"^(\d+)\.(\d+)")
+
+
+def requirements(env: Mapping[str, str], legacy: bool) -> tuple[str, ...]:
+    """The NVIDIA_REQUIRE_* constraints (JETPACK excepted), plus a legacy image's implicit cuda>=X.Y."""
+    found = [
+        value.strip()
+        for key, value in sorted(env.items())
+        if key.startswith(REQUIRE_PREFIX) and key != "NVIDIA_REQUIRE_JETPACK" and value.strip()
+    ]
+    if legacy:
+        match = _CUDA_VERSION_RE.match(env.get("CUDA_VERSION", ""))
+        if match:
+            found.append(f"cuda>={match.group(1)}.{match.group(2)}")
+    return tuple(found)
+
+
+def is_legacy_image(env: Mapping[str, str]) -> bool:
+    """A CUDA image from before NVIDIA_VISIBLE_DEVICES: CUDA_VERSION set, no NVIDIA_REQUIRE_CUDA."""
+    return "CUDA_VERSION" in env and "NVIDIA_REQUIRE_CUDA" not in env
+
+
+def volume_mount_devices(mounts: Sequence[Mapping[str, object]]) -> tuple[str, ...]:
+    """Device ids from /dev/null mounts at /var/run/nvidia-container-devices/<id> (the kubelet plugin's form)."""
+    ids: list[str] = []
+    prefix = VOLUME_MOUNT_DIR + "/"
+    for m in mounts:
+        dest = m.get("destination")
+        if not isinstance(dest, str) or not dest.startswith(prefix):
+            continue
+        dev = dest[len(prefix) :].strip("/")
+        if dev and "/" not in dev and dev not in ids:
+            ids.append(dev)
+    return tuple(ids)
+
+
+def cdi_annotation_devices(annotations: Mapping[str, object]) -> tuple[str, ...]:
+    """Device names from `cdi.k8s.io/*` annotations whose qualified names are of kind nvidia.com/gpu."""
+    ids: list[str] = []
+    for key in sorted(annotations):
+        value = annotations[key]
+        if not key.startswith(CDI_ANNOTATION_PREFIX) or not isinstance(value, str):
+            continue
+        for name in (n.strip() for n in value.split(",")):
+            kind, sep, device = name.partition("=")
+            if sep and kind == CDI_KIND and device and device not in ids:
+                ids.append(device)
+    return tuple(ids)
+
+
+def _ids_request(ids: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
+    if "all" in ids:
+        return "all", ()
+    return "list", ids
+
+
+def parse_request(
+    env_list: Iterable[str],
+    mounts: Sequence[Mapping[str, object]] = (),
+    annotations: Mapping[str, object] | None = None,
+    privileged: bool = False,
+    policy: Policy = Policy(),
+) -> Request:
+    """A container's GPU request. Raises RequestError (one line) for a request that must fail the start."""
+    env = env_map(env_list)
+    notes: list[str] = []
+    legacy = is_legacy_image(env)
+    kind, ids = parse_visible_devices(env.get(VISIBLE_DEVICES))
+    source = "env"
+    if kind == "unset" and legacy:
+        kind, source = "all", "legacy-image"
+    if kind != "unset" and not privileged and not policy.accept_envvar_unprivileged:
+        notes.append(f"{VISIBLE_DEVICES} ignored: unprivileged container and accept-envvar-unprivileged is false")
+        kind, ids = "unset", ()
+    if policy.accept_volume_mounts:
+        mounted = volume_mount_devices(mounts)
+        if mounted:
+            (kind, ids), source = _ids_request(mounted), "volume-mounts"
+    annotated = cdi_annotation_devices(annotations or {})
+    if annotated:
+        (kind, ids), source = _ids_request(annotated), "cdi-annotations"
+    if kind in ("unset", "void"):
+        return Request(kind=kind, source=source, notes=tuple(notes))
+    caps = parse_capabilities(env.get(DRIVER_CAPABILITIES), policy.supported_capabilities)
+    reqs: tuple[str, ...] = ()
+    if not (policy.disable_require or is_true(env.get(DISABLE_REQUIRE))):
+        reqs = requirements(env, legacy)
+    mig_flags = []
+    for var in (MIG_CONFIG, MIG_MONITOR):
+        mig_kind, _ = parse_visible_devices(env.get(var))
+        wanted = mig_kind in ("all", "list")
+        if wanted and not privileged:
+            raise RequestError(f"{var} requires a privileged container (CAP_SYS_ADMIN in the bounding set)")
+        mig_flags.append(wanted)
+    return Request(kind, ids, caps, reqs, mig_flags[0], mig_flags[1], source, tuple(notes))
+
+
+def is_privileged(process: Mapping[str, object] | None) -> bool:
+    """CAP_SYS_ADMIN in the bounding set: what the NVIDIA toolkit calls a privileged container."""
+    caps = (process or {}).get("capabilities")
+    if not isinstance(caps, Mapping):
+        return False
+    bounding = caps.get("bounding")
+    return isinstance(bounding, list) and "CAP_SYS_ADMIN" in bounding

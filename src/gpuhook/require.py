@@ -1,0 +1,87 @@
+"""NVIDIA_REQUIRE_* constraints: `cuda>=12.0 brand=tesla,brand=nvidia` (space = AND, comma = OR).
+
+Evaluated per selected device (arch and brand are per device; cuda and driver are the host's).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .discover.inventory import Gpu, Inventory, MigDevice
+from .errors import RequestError, RequirementError
+
+KEYS = ("cuda", "driver", "arch", "brand")
+_COND_RE = re.compile(r"^([a-z]+)(<=|>=|=|<|>)(.+)$")
+
+
+@dataclass(frozen=True)
+class Condition:
+    key: str
+    op: str
+    value: str
+
+    def __str__(self) -> str:
+        return f"{self.key}{self.op}{self.value}"
+
+
+def parse_condition(text: str) -> Condition:
+    match = _COND_RE.match(text.strip())
+    if not match or match.group(1) not in KEYS:
+        raise RequestError(f"invalid requirement {text!r} (expected cuda|driver|arch|brand with =,<,<=,>,>=)")
+    key, op, value = match.groups()
+    if key == "brand" and op != "=":
+        raise RequestError(f"invalid requirement {text!r}: brand only takes '='")
+    if key != "brand" and not re.fullmatch(r"\d+(\.\d+)*", value):
+        raise RequestError(f"invalid requirement {text!r}: {value!r} is not a version")
+    return Condition(key, op, value)
+
+
+def parse_constraint(text: str) -> list[list[Condition]]:
+    """AND of ORs."""
+    return [[parse_condition(c) for c in word.split(",") if c] for word in text.split()]
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", text))
+
+
+def _compare(actual: str, op: str, wanted: str) -> bool:
+    a, w = _version(actual), _version(wanted)
+    width = max(len(a), len(w))
+    a, w = a + (0,) * (width - len(a)), w + (0,) * (width - len(w))
+    return {"=": a == w, "<": a < w, "<=": a <= w, ">": a > w, ">=": a >= w}[op]
+
+
+def host_value(inv: Inventory, gpu: Gpu | None, key: str) -> str | None:
+    if key == "cuda":
+        return inv.cuda_version or None
+    if key == "driver":
+        return inv.driver_version
+    if gpu is None:
+        return None
+    return gpu.compute_capability or None if key == "arch" else gpu.brand or None
+
+
+def _holds(cond: Condition, actual: str | None) -> bool:
+    if actual is None:
+        return True  # the host cannot say (no device, or procfs discovery): nothing to check against
+    if cond.key == "brand":
+        return actual.lower() == cond.value.lower()
+    return _compare(actual, cond.op, cond.value)
+
+
+def check(inv: Inventory, constraints: tuple[str, ...], devices: tuple[Gpu | MigDevice, ...]) -> None:
+    """Raise RequirementError naming the first unmet constraint and the host's value."""
+    gpus: list[Gpu | None] = [d if isinstance(d, Gpu) else inv.gpus[d.gpu_index] for d in devices] or [None]
+    for text in constraints:
+        parsed = parse_constraint(text)
+        for gpu in gpus:
+            for alternatives in parsed:
+                if not any(_holds(c, host_value(inv, gpu, c.key)) for c in alternatives):
+                    c = alternatives[0]
+                    where = f" on GPU {gpu.index}" if gpu is not None and c.key in ("arch", "brand") else ""
+                    raise RequirementError(
+                        f"unsatisfied requirement {text!r}: {','.join(map(str, alternatives))} "
+                        f"but the host has {c.key} {host_value(inv, gpu, c.key)}{where}"
+                    )

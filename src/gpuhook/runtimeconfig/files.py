@@ -1,0 +1,117 @@
+"""Reading, diffing and safely replacing a runtime's config files.
+
+Every change is computed before the first write, so a malformed file (or any other refusal) leaves all files
+untouched. A write backs the old content up to `<file>.gpuhook.bak` first, then replaces the file atomically
+with its old mode and owner.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import tomllib
+from dataclasses import dataclass
+from typing import Any
+
+import tomlkit
+from tomlkit.exceptions import TOMLKitError
+from tomlkit.toml_document import TOMLDocument
+
+from ..atomic import write_atomic
+from ..errors import ConfigError
+
+BACKUP_SUFFIX = ".gpuhook.bak"
+NEW_FILE_MODE = 0o644
+
+
+@dataclass(frozen=True)
+class FileChange:
+    """One file's content before (None: absent) and after; `backup_to` overrides where the backup goes."""
+
+    path: str
+    old: str | None
+    new: str
+    backup_to: str | None = None
+
+    @property
+    def changed(self) -> bool:
+        return self.old != self.new
+
+    @property
+    def backup(self) -> str:
+        return self.backup_to or self.path + BACKUP_SUFFIX
+
+
+def target(path: str) -> str:
+    """The real file behind `path`: a rename must replace the file, never a symlink pointing at it."""
+    return os.path.realpath(os.path.abspath(path))
+
+
+def read_text(path: str) -> str | None:
+    """The file's text (bytes decoded, newlines untouched so a backup is byte-exact), None when absent."""
+    try:
+        with open(path, "rb") as file:
+            data = file.read()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"cannot parse {path}: not UTF-8 text (byte {exc.start})") from None
+
+
+def parse_toml(path: str, text: str) -> TOMLDocument:
+    """A comment-keeping document; tomllib checks it first because its errors name line and column."""
+    try:
+        tomllib.loads(text)
+        return tomlkit.parse(text)
+    except (tomllib.TOMLDecodeError, TOMLKitError) as exc:
+        raise ConfigError(f"cannot parse {path}: {exc}") from None
+
+
+def parse_json_object(path: str, text: str) -> dict[str, Any]:
+    """A JSON object (key order kept); an empty file counts as `{}`, as an absent one does."""
+    if not text.strip():
+        return {}
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"cannot parse {path}: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"cannot parse {path}: the top level is not a JSON object")
+    return data
+
+
+def unified_diff(change: FileChange) -> str:
+    """What a write would do, as `diff -u` shows it; an absent file is /dev/null."""
+    old_lines = (change.old or "").splitlines(keepends=True)
+    new_lines = change.new.splitlines(keepends=True)
+    fromfile = change.path if change.old is not None else "/dev/null"
+    lines = difflib.unified_diff(old_lines, new_lines, fromfile=fromfile, tofile=change.path)
+    return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines)
+
+
+def apply(change: FileChange) -> str | None:
+    """Back up the old content, then replace the file atomically; returns the backup path (None: new file)."""
+    if change.old is None:
+        write_atomic(change.path, change.new.encode(), NEW_FILE_MODE)
+        return None
+    st = os.stat(change.path)
+    mode = st.st_mode & 0o7777
+    write_atomic(change.backup, change.old.encode(), mode)
+    _keep_owner(change.backup, st)
+    write_atomic(change.path, change.new.encode(), mode)
+    _keep_owner(change.path, st)
+    return change.backup
+
+
+def _keep_owner(path: str, st: os.stat_result) -> None:
+    """A rename gives the file the writer's owner; put the original one back (a no-op for root's files)."""
+    if (st.st_uid, st.st_gid) != (os.getuid(), os.getgid()):
+        try:
+            os.chown(path, st.st_uid, st.st_gid)
+        except OSError as exc:
+            raise ConfigError(f"cannot keep the owner of {path}: {exc.strerror or exc}") from None

@@ -1,0 +1,91 @@
+"""Resolve a Request's device ids against an Inventory: which GPUs and MIG devices a container gets."""
+
+from __future__ import annotations
+
+from .discover.inventory import Gpu, Inventory, MigDevice, normalize_bus_id
+from .edits import Selection
+from .errors import RequestError
+from .request import CDI_KIND, Request
+
+Device = Gpu | MigDevice
+
+
+def all_devices(inv: Inventory) -> list[Device]:
+    """`all`: every GPU, a MIG-enabled GPU contributing its MIG devices instead of itself."""
+    out: list[Device] = []
+    for gpu in inv.gpus:
+        if gpu.mig_enabled and gpu.mig_devices:
+            out.extend(gpu.mig_devices)
+        else:
+            out.append(gpu)
+    return out
+
+
+def _by_pair(inv: Inventory, ident: str) -> Device | None:
+    g, _, m = ident.partition(":")
+    if not (g.isdigit() and m.isdigit()):
+        return None
+    gi, mi = int(g), int(m)
+    if gi < len(inv.gpus):
+        for mig in inv.gpus[gi].mig_devices:
+            if mig.index == mi:
+                return mig
+    return None
+
+
+def _by_bus_id(inv: Inventory, ident: str) -> Device | None:
+    if ident.count(":") < 1 or "." not in ident:
+        return None
+    try:
+        wanted = normalize_bus_id(ident if ident.count(":") == 2 else "0000:" + ident)
+    except ValueError:
+        return None
+    for gpu in inv.gpus:
+        if gpu.pci_bus_id == wanted:
+            return gpu
+    return None
+
+
+def find_device(inv: Inventory, ident: str) -> Device | None:
+    """One id in any of the accepted forms: index, GPU-/MIG- UUID, gpu:mig, PCI bus id, nvidia.com/gpu=<name>."""
+    kind, sep, name = ident.partition("=")
+    if sep:
+        if kind != CDI_KIND:
+            return None
+        ident = name
+    if ident.isdigit():
+        index = int(ident)
+        return inv.gpus[index] if index < len(inv.gpus) else None
+    if ident.startswith("GPU-"):
+        return next((g for g in inv.gpus if g.uuid == ident), None)
+    if ident.startswith("MIG-"):
+        return next((m for m in inv.all_mig_devices() if m.uuid == ident), None)
+    return _by_pair(inv, ident) or _by_bus_id(inv, ident)
+
+
+def _key(device: Device) -> tuple[int, int]:
+    return (device.index, -1) if isinstance(device, Gpu) else (device.gpu_index, device.index)
+
+
+def resolve(inv: Inventory, request: Request) -> Selection:
+    """The devices and capabilities for a request; an unknown device fails, naming it."""
+    if request.kind == "all":
+        devices = all_devices(inv)
+    elif request.kind == "list":
+        devices = []
+        seen: set[tuple[int, int]] = set()
+        for ident in request.devices:
+            if ident.startswith("nvidia.com/gpu=") and ident.endswith("=all"):
+                found_all = all_devices(inv)
+            else:
+                found = find_device(inv, ident)
+                if found is None:
+                    raise RequestError(f"unknown device {ident!r} requested ({request.source})")
+                found_all = [found]
+            for dev in found_all:
+                if _key(dev) not in seen:
+                    seen.add(_key(dev))
+                    devices.append(dev)
+    else:
+        devices = []
+    return Selection(tuple(devices), request.capabilities, request.mig_config, request.mig_monitor)

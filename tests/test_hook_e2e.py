@@ -1,0 +1,226 @@
+"""The prestart hook end to end: real runc, a glibc rootfs, the simulated driver, gpuhook-hook in hooks.prestart."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.e2e import need_root, need_tool
+from support.glibc import glibc_rootfs
+from support.runc import make_bundle, need_busybox, runc_run, unique_id
+
+from gpuhook import _native
+
+pytestmark = pytest.mark.e2e
+LIBDIR = "usr/lib/x86_64-linux-gnu"
+
+
+def hook_binary() -> str:
+    path = Path(sys.executable).with_name("gpuhook-hook")
+    return str(path) if path.exists() else shutil.which("gpuhook-hook") or ""
+
+
+@pytest.fixture()
+def e2e(tmp_path: Path) -> Path:
+    need_root()
+    need_tool("runc")
+    need_busybox()
+    assert hook_binary(), "gpuhook-hook is not installed next to the test interpreter"
+    return tmp_path
+
+
+def write_config(tmp: Path, root: Path, **extra: Any) -> Path:
+    lines = [
+        f'driver-root = "{root}"',
+        f'proc-root = "{root}/proc"',
+        f'log-file = "{tmp}/gpuhook.log"',
+        f'inventory-cache = "{tmp}/inventory.json"',
+    ]
+    for key, value in extra.items():
+        lines.append(f"{key.replace('_', '-')} = {json.dumps(value)}")
+    path = tmp / "config.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def hooks(config: Path) -> dict[str, list[dict[str, Any]]]:
+    return {"prestart": [{"path": hook_binary(), "args": ["gpuhook-hook", "--config", str(config), "prestart"],
+                          "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"]}]}
+
+
+PROBE = (
+    "ls /dev | grep nvidia | sort | tr '\\n' ' '; echo; "
+    "for n in /dev/nvidia[0-9]*; do stat -c 'NODE %n %t:%T' $n; cat $n 2>&1 | head -1; done; "
+    "grep ' /usr/lib/x86_64-linux-gnu/lib' /proc/self/mountinfo | cut -d' ' -f5,6 | sort; "
+    "readlink /usr/lib/x86_64-linux-gnu/libcuda.so.1; "
+    "test -x /usr/bin/gpuprobe && /usr/bin/gpuprobe; true"
+)
+
+
+def run(tmp: Path, fake: Any, env: list[str], config_extra: dict[str, Any] | None = None,
+        capabilities: list[str] | None = None, mounts: list[dict[str, Any]] | None = None,
+        rootfs: Path | None = None) -> tuple[Any, Path]:
+    config = write_config(tmp, Path(fake.root), **(config_extra or {}))
+    rootfs = rootfs or glibc_rootfs(tmp / "bundle", probe_cache=tmp.parent / "probe")
+    bundle = make_bundle(tmp / "bundle", rootfs, ["sh", "-c", PROBE], env=env, hooks=hooks(config),
+                         mounts=mounts or ())
+    if capabilities:
+        spec = json.loads((bundle / "config.json").read_text())
+        spec["process"]["capabilities"] = {k: list(capabilities) for k in ("bounding", "effective", "permitted")}
+        (bundle / "config.json").write_text(json.dumps(spec))
+    return runc_run(bundle, unique_id("hook")), rootfs
+
+
+def nodes(stdout: str) -> list[str]:
+    return stdout.splitlines()[0].split()
+
+
+def test_one_gpu_by_index(e2e: Path, fake_driver: Any) -> None:
+    result, rootfs = run(e2e, fake_driver, ["NVIDIA_VISIBLE_DEVICES=1"])
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert nodes(out) == ["nvidia-uvm", "nvidia-uvm-tools", "nvidia1", "nvidiactl"]
+    assert "NODE /dev/nvidia1 c3:1" in out  # 195 = 0xc3
+    assert "No such device or address" in out and "Operation not permitted" not in out
+    # the driver libraries are read-only bind mounts
+    mounts = [line for line in out.splitlines() if line.startswith("/usr/lib/x86_64-linux-gnu/lib")]
+    assert any(line.startswith("/usr/lib/x86_64-linux-gnu/libcuda.so.550") for line in mounts)
+    assert all(line.split()[1].startswith("ro,") and "nosuid" in line and "nodev" in line for line in mounts)
+    assert "libcuda.so.550.54.15" in out
+    assert "cuInit=0 count=1 version=12040" in out
+    # the container's ld cache was rebuilt by the host's ldconfig and knows the driver
+    entries = {e.key for e in _native.read_ldcache(str(rootfs / "etc/ld.so.cache"))}
+    assert {"libcuda.so.1", "libnvidia-ml.so.1"} <= entries
+    log = (e2e / "gpuhook.log").read_text().splitlines()
+    assert len(log) == 1 and " inject devices=" in log[0] and "took=" in log[0]
+
+
+def test_all_gpus(e2e: Path, fake_driver: Any) -> None:
+    result, _ = run(e2e, fake_driver, ["NVIDIA_VISIBLE_DEVICES=all"])
+    assert result.returncode == 0, result.stderr
+    assert nodes(result.stdout) == ["nvidia-uvm", "nvidia-uvm-tools", "nvidia0", "nvidia1", "nvidiactl"]
+    assert "count=2" in result.stdout
+
+
+def test_by_uuid(e2e: Path, fake_driver: Any) -> None:
+    uuid = fake_driver.gpus[0].uuid
+    result, _ = run(e2e, fake_driver, [f"NVIDIA_VISIBLE_DEVICES={uuid}"])
+    assert result.returncode == 0, result.stderr
+    assert nodes(result.stdout) == ["nvidia-uvm", "nvidia-uvm-tools", "nvidia0", "nvidiactl"]
+
+
+def test_mig_device(e2e: Path, fake_driver_mig: Any) -> None:
+    gpu = next(g for g in fake_driver_mig.gpus if g.mig_devices)
+    mig = gpu.mig_devices[0]
+    result, _ = run(e2e, fake_driver_mig, [f"NVIDIA_VISIBLE_DEVICES={mig.uuid}"])
+    assert result.returncode == 0, result.stderr
+    assert f"nvidia{gpu.minor}" in nodes(result.stdout)
+    assert len([n for n in nodes(result.stdout) if n.startswith("nvidia") and n[6:].isdigit()]) == 1
+
+
+def test_none_gets_driver_files_but_no_gpu(e2e: Path, fake_driver: Any) -> None:
+    result, _ = run(e2e, fake_driver, ["NVIDIA_VISIBLE_DEVICES=none"])
+    assert result.returncode == 0, result.stderr
+    assert nodes(result.stdout) == ["nvidia-uvm", "nvidia-uvm-tools", "nvidiactl"]
+    assert "cuInit=100 " in result.stdout  # CUDA_ERROR_NO_DEVICE, as a real driver says with no GPU
+
+
+@pytest.mark.parametrize("env", [["NVIDIA_VISIBLE_DEVICES=void"], ["NVIDIA_VISIBLE_DEVICES="], []])
+def test_untouched_containers(e2e: Path, fake_driver: Any, env: list[str]) -> None:
+    result, rootfs = run(e2e, fake_driver, env)
+    assert result.returncode == 0, result.stderr
+    assert nodes(result.stdout) == []
+    assert "dlopen-failed" in result.stdout
+    assert not (rootfs / "etc/ld.so.cache").exists()
+    assert " skip request=" in (e2e / "gpuhook.log").read_text()
+
+
+def test_utility_only(e2e: Path, fake_driver: Any) -> None:
+    result, _ = run(e2e, fake_driver, ["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES=utility"])
+    assert result.returncode == 0, result.stderr
+    assert nodes(result.stdout) == ["nvidia0", "nvidiactl"]
+    assert "libnvidia-ml.so.550" in result.stdout and "/libcuda.so.550" not in result.stdout
+
+
+def test_failed_requirement_fails_the_start(e2e: Path, fake_driver: Any) -> None:
+    result, _ = run(e2e, fake_driver, ["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_REQUIRE_CUDA=cuda>=99.0"])
+    assert result.returncode != 0
+    assert "unsatisfied requirement 'cuda>=99.0'" in result.stderr and "host has cuda 12.4" in result.stderr
+
+
+def test_unknown_device_fails_naming_it(e2e: Path, fake_driver: Any) -> None:
+    result, _ = run(e2e, fake_driver, ["NVIDIA_VISIBLE_DEVICES=7"])
+    assert result.returncode != 0
+    assert "unknown device '7'" in result.stderr
+
+
+def test_unprivileged_policy(e2e: Path, fake_driver: Any) -> None:
+    extra = {"accept_envvar_unprivileged": False}
+    result, _ = run(e2e, fake_driver, ["NVIDIA_VISIBLE_DEVICES=all"], extra)
+    assert result.returncode == 0, result.stderr
+    assert "nvidia0" not in result.stdout
+    assert "accept-envvar-unprivileged is false" in (e2e / "gpuhook.log").read_text()
+    shutil.rmtree(e2e / "bundle")
+    privileged, _ = run(e2e, fake_driver, ["NVIDIA_VISIBLE_DEVICES=all"], extra,
+                        capabilities=["CAP_AUDIT_WRITE", "CAP_KILL", "CAP_SYS_ADMIN"])
+    assert privileged.returncode == 0, privileged.stderr
+    assert "nvidia0" in nodes(privileged.stdout)
+    shutil.rmtree(e2e / "bundle")
+    mount = {"destination": "/var/run/nvidia-container-devices/1", "source": "/dev/null", "type": "bind",
+             "options": ["bind", "ro"]}
+    by_mount, _ = run(e2e, fake_driver, ["NVIDIA_VISIBLE_DEVICES=all"], extra, mounts=[mount])
+    assert by_mount.returncode == 0, by_mount.stderr
+    assert nodes(by_mount.stdout) == ["nvidia-uvm", "nvidia-uvm-tools", "nvidia1", "nvidiactl"]
+
+
+def _listing(path: Path) -> dict[str, str]:
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(path):
+        for name in dirnames + filenames:
+            full = Path(dirpath) / name
+            rel = str(full.relative_to(path))
+            if full.is_symlink():
+                out[rel] = "-> " + os.readlink(full)
+            elif full.is_file():
+                out[rel] = hashlib.sha256(full.read_bytes()).hexdigest()
+            else:
+                out[rel] = "dir"
+    return out
+
+
+HOSTILE_LINKS = ["usr/lib/x86_64-linux-gnu", "etc/ld.so.conf.d", "dev", "etc/ld.so.cache", "usr/bin",
+                 "lib/firmware", "var/run"]
+
+
+@pytest.mark.parametrize("hostile", HOSTILE_LINKS)
+def test_hostile_symlink_to_host_dir(e2e: Path, fake_driver: Any, tmp_path_factory: pytest.TempPathFactory,
+                                     hostile: str) -> None:
+    """An image path that is an absolute symlink to a host dir: the hook adds nothing there.
+
+    runc itself writes through some such links (e.g. /dev's fd/ptmx links), so the host dir after a start
+    with a GPU must equal the host dir after the same start without one.
+    """
+    views = []
+    for env in ([], ["NVIDIA_VISIBLE_DEVICES=0"]):
+        run_dir = tmp_path_factory.mktemp("hostile-run")
+        victim = tmp_path_factory.mktemp("host-victim")
+        (victim / "keep.txt").write_text("host data")
+        rootfs = glibc_rootfs(run_dir / "bundle", probe_cache=e2e.parent / "probe")
+        target = rootfs / hostile
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        elif target.exists() or target.is_symlink():
+            target.unlink()
+        target.symlink_to(victim)  # absolute: the host directory when seen from the host
+        result, _ = run(run_dir, fake_driver, env, rootfs=rootfs)
+        views.append(_listing(victim))
+        if env and result.returncode != 0:
+            assert "gpuhook-hook:" in result.stderr  # a clear refusal, not a crash
+    assert views[1] == views[0]

@@ -1,0 +1,532 @@
+"""The kubelet device plugin over real gRPC: a test kubelet on a temp kubelet.sock, the fake driver's NVML."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import pytest
+from support.kubelet import PluginProcess, TestKubelet, health, short_tempdir
+
+from gpuhook.cdi import codec
+from gpuhook.discover import Roots, discover
+from gpuhook.errors import ConfigError
+from gpuhook.plugin.devices import Options, annotation_key
+from gpuhook.plugin.health import HealthConfig
+from gpuhook.plugin.lifecycle import Plugin, PluginConfig
+
+GPU = "nvidia.com/gpu"
+ALL_STRATEGIES = ("cdi-cri", "envvar", "volume-mounts", "cdi-annotations")
+FAST_HEALTH = HealthConfig(recovery_window=0.5, interval=0.05, event_wait_ms=20)
+
+
+@pytest.fixture
+def workdir() -> Iterator[str]:
+    path = short_tempdir()
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def kubelet(workdir: str) -> Iterator[TestKubelet]:
+    with TestKubelet(os.path.join(workdir, "dp")) as k:
+        yield k
+
+
+@contextlib.contextmanager
+def running(fake: Any, kubelet: TestKubelet, options: Options = Options(), health_config: HealthConfig = FAST_HEALTH,
+            ) -> Iterator[Plugin]:
+    """The plugin in this process (its run loop on a thread), against `fake`, registered with `kubelet`."""
+    inv = discover(Roots.make(str(fake.root)))
+    config = PluginConfig(options=options, kubelet_dir=kubelet.directory,
+                          cdi_spec_dir=os.path.join(os.path.dirname(kubelet.directory), "cdi"),
+                          hook_path="/bin/true", health=health_config, sys_root=str(fake.root / "sys"))
+    plugin = Plugin(config, lambda: inv)
+    plugin.start()
+    thread = threading.Thread(target=plugin.run, daemon=True)
+    thread.start()
+    try:
+        yield plugin
+    finally:
+        plugin.request_stop()
+        thread.join(10)
+        assert not thread.is_alive()
+
+
+def wait_nvml_events(fake: Any, gpus: int, pid: int | None = None, timeout: float = 5.0) -> None:
+    """The fake drops XIDs written before registration: wait until our process registered every GPU."""
+    pid = os.getpid() if pid is None else pid
+    deadline = time.monotonic() + timeout
+    while len({i for p, i, _ in fake.registrations() if p == pid}) < gpus:
+        assert time.monotonic() < deadline, f"NVML events never registered: {fake.registrations()}"
+        time.sleep(0.01)
+
+
+def uuids(fake: Any) -> list[str]:
+    return [g.uuid for g in discover(Roots.make(str(fake.root))).gpus]
+
+
+# -- registration and the device list --------------------------------------------------------------------------
+
+
+def test_registration_fields(fake_driver: Any, kubelet: TestKubelet) -> None:
+    with running(fake_driver, kubelet):
+        (reg,) = kubelet.wait_registrations(1)
+        assert reg.request.version == "v1beta1"
+        assert reg.request.resource_name == GPU
+        assert reg.request.endpoint == "gpuhook-nvidia.com-gpu.sock"  # a file name in kubelet's directory
+        assert "/" not in reg.request.endpoint
+        assert os.path.exists(os.path.join(kubelet.directory, reg.request.endpoint))
+        assert reg.request.options.get_preferred_allocation_available
+        assert not reg.request.options.pre_start_required
+        # kubelet dialled us back before Register returned: we were serving first
+        assert reg.options is not None and reg.options.get_preferred_allocation_available
+
+
+def test_list_and_watch_full_list_in_index_order(fake_driver: Any, kubelet: TestKubelet) -> None:
+    with running(fake_driver, kubelet):
+        kubelet.wait_registrations(1)
+        first = kubelet.stream().first()
+        assert health(first) == [(u, "Healthy") for u in uuids(fake_driver)]
+        assert [[n.ID for n in d.topology.nodes] for d in first.devices] == [[0], [0]]
+        # a second watcher gets the same full list
+        again = kubelet.client().watch()
+        assert again.first() == first
+        again.cancel()
+
+
+def test_list_and_watch_numa_nodes_from_sysfs(fake_driver_factory: Any, kubelet: TestKubelet) -> None:
+    fake = fake_driver_factory(gpus=8)
+    with running(fake, kubelet, health_config=HealthConfig(enabled=False)):
+        kubelet.wait_registrations(1)
+        msg = kubelet.stream().first()
+        assert [d.topology.nodes[0].ID for d in msg.devices] == [0, 0, 0, 0, 1, 1, 1, 1]
+
+
+def test_cdi_spec_written_for_exactly_the_advertised_devices(fake_driver_mig: Any, kubelet: TestKubelet) -> None:
+    with running(fake_driver_mig, kubelet, Options(mig_strategy="mixed")) as plugin:
+        kubelet.wait_registrations(3)
+        spec = codec.read(plugin.spec_path)
+        assert os.path.basename(plugin.spec_path) == "nvidia.com-gpu.yaml"
+        inv = plugin.inventory
+        assert inv is not None
+        expected = {"all"}
+        for gpu in inv.gpus:
+            for dev in (gpu.mig_devices if gpu.mig_enabled else (gpu,)):
+                expected |= {dev.uuid, str(dev.index) if dev is gpu else dev.name}
+        assert {d["name"] for d in spec["devices"]} == expected
+        from gpuhook.cdi.validate import validate_file
+
+        assert validate_file(plugin.spec_path) == []
+
+
+# -- Allocate ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("id_strategy", ["uuid", "index"])
+@pytest.mark.parametrize("strategies", [("cdi-cri",), ("envvar",), ("volume-mounts",), ("cdi-annotations",),
+                                        ALL_STRATEGIES], ids=lambda s: "+".join(s))
+def test_allocate_one_and_two_devices(fake_driver: Any, kubelet: TestKubelet, id_strategy: str,
+                                      strategies: tuple[str, ...]) -> None:
+    with running(fake_driver, kubelet, Options(id_strategy=id_strategy, list_strategies=strategies)) as plugin:
+        kubelet.wait_registrations(1)
+        ids = [d.ID for d in kubelet.stream().first().devices]
+        assert ids == (uuids(fake_driver) if id_strategy == "uuid" else ["0", "1"])
+        resp = kubelet.client().allocate(ids[:1], ids)
+        assert len(resp.container_responses) == 2
+        spec_names = {f"{GPU}={d['name']}" for d in codec.read(plugin.spec_path)["devices"]}
+        for want, got in zip((ids[:1], ids), resp.container_responses, strict=True):
+            cdi = [c.name for c in got.cdi_devices]
+            assert cdi == ([f"{GPU}={i}" for i in want] if "cdi-cri" in strategies else [])
+            assert set(cdi) <= spec_names  # every name Allocate returns resolves in the spec we wrote
+            env = dict(got.envs)
+            if "envvar" in strategies:
+                assert env["NVIDIA_VISIBLE_DEVICES"] == ",".join(want)
+            elif "volume-mounts" in strategies:
+                assert env["NVIDIA_VISIBLE_DEVICES"] == "/var/run/nvidia-container-devices"
+            else:
+                assert env == {}
+            mounts = [(m.container_path, m.host_path, m.read_only) for m in got.mounts]
+            assert mounts == ([(f"/var/run/nvidia-container-devices/{i}", "/dev/null", True) for i in want]
+                              if "volume-mounts" in strategies else [])
+            annotations = dict(got.annotations)
+            if "cdi-annotations" in strategies:
+                assert annotations == {annotation_key(i): f"{GPU}={i}" for i in want}
+                assert all(len(k.split("/", 1)[1]) <= 63 for k in annotations)
+            else:
+                assert annotations == {}
+            assert list(got.devices) == []
+
+
+def test_annotation_keys_are_valid_names() -> None:
+    assert annotation_key("0:1") == "cdi.k8s.io/gpuhook_0_1"
+    long_key = annotation_key("MIG-" + "a" * 80)
+    assert len(long_key.split("/", 1)[1]) <= 63
+    assert long_key == annotation_key("MIG-" + "a" * 80)  # deterministic
+
+
+def test_allocate_unknown_ids_fail_naming_them(fake_driver: Any, kubelet: TestKubelet) -> None:
+    with running(fake_driver, kubelet):
+        kubelet.wait_registrations(1)
+        good = kubelet.stream().first().devices[0].ID
+        with pytest.raises(grpc.RpcError) as err:
+            kubelet.client().allocate([good, "GPU-nope", "7"])
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "GPU-nope" in err.value.details() and "7" in err.value.details()
+        assert good not in err.value.details()
+
+
+def test_allocate_unhealthy_id_fails_naming_it(fake_driver: Any, kubelet: TestKubelet) -> None:
+    with running(fake_driver, kubelet, health_config=HealthConfig(recovery_window=30, interval=0.05)):
+        kubelet.wait_registrations(1)
+        stream = kubelet.stream()
+        ids = [d.ID for d in stream.first().devices]
+        wait_nvml_events(fake_driver, 2)
+        fake_driver.inject_xid(1, 79)
+        stream.wait_for(lambda m: m.devices[1].health == "Unhealthy")
+        with pytest.raises(grpc.RpcError) as err:
+            kubelet.client().allocate([ids[1]])
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "unhealthy" in err.value.details() and ids[1] in err.value.details()
+        assert kubelet.client().allocate([ids[0]]).container_responses[0].cdi_devices[0].name == f"{GPU}={ids[0]}"
+
+
+# -- GetPreferredAllocation ------------------------------------------------------------------------------------------
+
+
+def test_preferred_allocation_numa_and_pci(fake_driver_factory: Any, kubelet: TestKubelet) -> None:
+    fake = fake_driver_factory(gpus=8)
+    with running(fake, kubelet, Options(id_strategy="index"), HealthConfig(enabled=False)):
+        kubelet.wait_registrations(1)
+        c = kubelet.client()
+        everything = [str(i) for i in range(8)]
+        assert c.preferred(everything, size=2) == ["0", "1"]
+        # must_include on NUMA node 1: the rest comes from node 1, the closest bus ids first
+        assert c.preferred(everything, must=["6"], size=3) == ["6", "5", "7"]
+        # node 0 only has 3 left: a request of 3 fits node 0 exactly, one of 4 moves to node 1 whole
+        avail = ["1", "2", "3", "4", "5", "6", "7"]
+        assert c.preferred(avail, size=3) == ["1", "2", "3"]
+        assert c.preferred(avail, size=4) == ["4", "5", "6", "7"]
+        # nothing fits one node: spread, must-include node first
+        assert sorted(c.preferred(["0", "1", "4", "5"], must=["4"], size=3)) == ["0", "4", "5"]
+        # deterministic whatever the order kubelet lists them in
+        assert c.preferred(list(reversed(avail)), size=3) == c.preferred(avail, size=3)
+        assert c.preferred(everything, must=["2", "1"], size=2) == ["2", "1"]
+
+
+def test_preferred_allocation_falls_back_when_topology_fails(fake_driver: Any, kubelet: TestKubelet,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    with running(fake_driver, kubelet, Options(id_strategy="index")) as plugin:
+        kubelet.wait_registrations(1)
+        chooser = plugin.served[0].service.chooser
+
+        def broken(*args: object) -> list[str]:
+            raise RuntimeError("topology query failed")
+
+        chooser._pick = broken  # type: ignore[method-assign]
+        assert kubelet.client().preferred(["1", "0"], size=1) == ["0"]
+        assert "falling back to index order" in caplog.text
+
+
+# -- health --------------------------------------------------------------------------------------------------------
+
+
+def test_xid_marks_unhealthy_on_the_stream_then_recovers(fake_driver: Any, kubelet: TestKubelet) -> None:
+    with running(fake_driver, kubelet):
+        kubelet.wait_registrations(1)
+        stream = kubelet.stream()
+        ids = [d.ID for d in stream.first().devices]
+        wait_nvml_events(fake_driver, 2)
+        fake_driver.inject_xid(0, 79)  # fallen off the bus: critical
+        sick = stream.wait_for(lambda m: m.devices[0].health == "Unhealthy")
+        assert health(sick) == [(ids[0], "Unhealthy"), (ids[1], "Healthy")]  # same order as before
+        start = len(stream.messages)
+        well = stream.wait_for(lambda m: m.devices[0].health == "Healthy", start=start - 1 + 1, timeout=5)
+        assert health(well) == [(ids[0], "Healthy"), (ids[1], "Healthy")]
+
+
+def test_application_xids_are_ignored(fake_driver: Any, kubelet: TestKubelet) -> None:
+    with running(fake_driver, kubelet):
+        kubelet.wait_registrations(1)
+        stream = kubelet.stream()
+        stream.first()
+        wait_nvml_events(fake_driver, 2)
+        for xid in (13, 31, 43, 45, 68, 109):
+            fake_driver.inject_xid(0, xid)
+        fake_driver.inject_xid(1, 48)  # double-bit ECC: critical, and a marker that the queue was read
+        stream.wait_for(lambda m: m.devices[1].health == "Unhealthy")
+        assert all(m.devices[0].health == "Healthy" for m in stream.messages)
+
+
+def test_configured_xid_list(fake_driver: Any, kubelet: TestKubelet) -> None:
+    config = HealthConfig(ignored_xids=frozenset({79}), recovery_window=0.5, interval=0.05, event_wait_ms=20)
+    with running(fake_driver, kubelet, health_config=config):
+        kubelet.wait_registrations(1)
+        stream = kubelet.stream()
+        stream.first()
+        wait_nvml_events(fake_driver, 2)
+        fake_driver.inject_xid(0, 79)
+        fake_driver.inject_xid(1, 13)  # no longer ignored
+        stream.wait_for(lambda m: m.devices[1].health == "Unhealthy")
+        assert all(m.devices[0].health == "Healthy" for m in stream.messages)
+
+
+def test_lost_gpu_unhealthy_until_back(fake_driver: Any, kubelet: TestKubelet) -> None:
+    with running(fake_driver, kubelet):
+        kubelet.wait_registrations(1)
+        stream = kubelet.stream()
+        stream.first()
+        fake_driver.set_gpu_lost(1)
+        stream.wait_for(lambda m: m.devices[1].health == "Unhealthy")
+        fake_driver.set_gpu_lost(1, False)
+        msg = stream.wait_for(lambda m: m.devices[1].health == "Healthy", start=len(stream.messages) - 1)
+        assert [d.health for d in msg.devices] == ["Healthy", "Healthy"]
+
+
+def test_vanished_device_node_unhealthy_until_back(fake_driver_factory: Any, kubelet: TestKubelet) -> None:
+    fake = fake_driver_factory(fresh=True)
+    node = str(fake.root / "dev" / "nvidia0")
+    with running(fake, kubelet):
+        kubelet.wait_registrations(1)
+        stream = kubelet.stream()
+        stream.first()
+        os.rename(node, node + ".away")
+        try:
+            stream.wait_for(lambda m: m.devices[0].health == "Unhealthy")
+        finally:
+            os.rename(node + ".away", node)
+        stream.wait_for(lambda m: m.devices[0].health == "Healthy", start=len(stream.messages) - 1)
+
+
+def test_health_checks_off(fake_driver: Any, kubelet: TestKubelet) -> None:
+    with running(fake_driver, kubelet, health_config=HealthConfig(enabled=False)):
+        kubelet.wait_registrations(1)
+        stream = kubelet.stream()
+        stream.first()
+        fake_driver.set_gpu_lost(0)
+        fake_driver.inject_xid(0, 79)
+        time.sleep(0.3)
+        assert len(stream.messages) == 1
+        assert fake_driver.registrations() == []
+
+
+def test_no_nvml_events_degrades_to_node_and_handle_checks(fake_driver: Any, kubelet: TestKubelet,
+                                                           caplog: pytest.LogCaptureFixture) -> None:
+    with running(fake_driver, kubelet, health_config=HealthConfig(recovery_window=0.5, interval=0.05)) as plugin:
+        kubelet.wait_registrations(1)
+        stream = kubelet.stream()
+        stream.first()
+        wait_nvml_events(fake_driver, 2)
+        monitor = plugin.monitor
+        assert monitor is not None and monitor.events_supported
+    # Now without the library: only device nodes are watched, and the plugin still runs.
+    inv = discover(Roots.make(str(fake_driver.root)))
+    config = PluginConfig(kubelet_dir=kubelet.directory, cdi_spec_dir=None, hook_path="/bin/true",
+                          health=HealthConfig(interval=0.05), nvml_library="/nonexistent/libnvidia-ml.so.1")
+    plugin = Plugin(config, lambda: inv)
+    plugin.start()
+    try:
+        kubelet.wait_registrations(2)
+        time.sleep(0.2)
+        assert "only device nodes are checked" in caplog.text
+        assert [d.health for d in kubelet.stream().first().devices] == ["Healthy", "Healthy"]
+    finally:
+        plugin.shutdown()
+
+
+# -- MIG strategies and replicas -------------------------------------------------------------------------------------
+
+
+def test_mig_strategy_none_advertises_whole_gpus(fake_driver_mig: Any, kubelet: TestKubelet) -> None:
+    with running(fake_driver_mig, kubelet, Options(mig_strategy="none", id_strategy="index")):
+        (reg,) = kubelet.wait_registrations(1)
+        assert [d.ID for d in kubelet.stream().first().devices] == ["0", "1", "2", "3"]
+
+
+def test_mig_strategy_mixed_one_socket_per_resource(fake_driver_mig: Any, kubelet: TestKubelet) -> None:
+    with running(fake_driver_mig, kubelet, Options(mig_strategy="mixed", id_strategy="index")) as plugin:
+        regs = kubelet.wait_registrations(3)
+        by_name = {r.request.resource_name: r.request.endpoint for r in regs}
+        assert by_name == {
+            GPU: "gpuhook-nvidia.com-gpu.sock",
+            "nvidia.com/mig-1g.10gb": "gpuhook-nvidia.com-mig-1g.10gb.sock",
+            "nvidia.com/mig-2g.20gb": "gpuhook-nvidia.com-mig-2g.20gb.sock",
+        }
+        assert [d.ID for d in kubelet.stream(GPU).first().devices] == ["0", "2", "3"]
+        inv = plugin.inventory
+        assert inv is not None
+        small = [m.name for m in inv.gpus[1].mig_devices if m.profile == "1g.10gb"]
+        big = [m.name for m in inv.gpus[1].mig_devices if m.profile == "2g.20gb"]
+        assert [d.ID for d in kubelet.stream("nvidia.com/mig-1g.10gb").first().devices] == small
+        assert [d.ID for d in kubelet.stream("nvidia.com/mig-2g.20gb").first().devices] == big
+        resp = kubelet.client("nvidia.com/mig-1g.10gb").allocate(small)
+        assert [c.name for c in resp.container_responses[0].cdi_devices] == [f"{GPU}={n}" for n in small]
+        with pytest.raises(grpc.RpcError) as err:  # a GPU id is not a device of the MIG resource
+            kubelet.client("nvidia.com/mig-1g.10gb").allocate(["0"])
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_mig_xid_marks_only_its_instance(fake_driver_mig: Any, kubelet: TestKubelet) -> None:
+    with running(fake_driver_mig, kubelet, Options(mig_strategy="mixed", id_strategy="index")) as plugin:
+        kubelet.wait_registrations(3)
+        inv = plugin.inventory
+        assert inv is not None
+        small = [m for m in inv.gpus[1].mig_devices if m.profile == "1g.10gb"]
+        stream = kubelet.stream("nvidia.com/mig-1g.10gb")
+        stream.first()
+        wait_nvml_events(fake_driver_mig, 4)
+        fake_driver_mig.inject_xid(1, 79, small[1].gi, small[1].ci)
+        msg = stream.wait_for(lambda m: any(d.health == "Unhealthy" for d in m.devices))
+        assert health(msg) == [(small[0].name, "Healthy"), (small[1].name, "Unhealthy")]
+        assert all(d.health == "Healthy" for d in kubelet.stream(GPU).messages[-1].devices)
+
+
+def test_mig_strategy_single(fake_driver_factory: Any, kubelet: TestKubelet) -> None:
+    fake = fake_driver_factory(gpus=2, mig={0: ["1g.10gb", "1g.10gb"], 1: ["1g.10gb"]})
+    with running(fake, kubelet, Options(mig_strategy="single")) as plugin:
+        (reg,) = kubelet.wait_registrations(1)
+        assert reg.request.resource_name == GPU
+        inv = plugin.inventory
+        assert inv is not None
+        migs = [m.uuid for m in inv.all_mig_devices()]
+        ids = [d.ID for d in kubelet.stream().first().devices]
+        assert ids == migs and all(i.startswith("MIG-") for i in ids)
+        resp = kubelet.client().allocate(ids[:2])
+        assert [c.name for c in resp.container_responses[0].cdi_devices] == [f"{GPU}={i}" for i in ids[:2]]
+
+
+def test_mig_strategy_single_refuses_mixed_layouts(fake_driver_mig: Any, kubelet: TestKubelet) -> None:
+    with pytest.raises(ConfigError, match="single"), running(fake_driver_mig, kubelet, Options(mig_strategy="single")):
+        pass
+
+
+def test_replicas(fake_driver: Any, kubelet: TestKubelet) -> None:
+    with running(fake_driver, kubelet, Options(replicas=3, list_strategies=("cdi-cri", "envvar"))):
+        kubelet.wait_registrations(1)
+        u = uuids(fake_driver)
+        ids = [d.ID for d in kubelet.stream().first().devices]
+        assert ids == [f"{g}::{n}" for g in u for n in range(3)]
+        c = kubelet.client()
+        resp = c.allocate([f"{u[0]}::0", f"{u[0]}::2"], [f"{u[1]}::1"])
+        first, second = resp.container_responses
+        assert [d.name for d in first.cdi_devices] == [f"{GPU}={u[0]}"]  # two replicas of one GPU: named once
+        assert first.envs["NVIDIA_VISIBLE_DEVICES"] == u[0]
+        assert [d.name for d in second.cdi_devices] == [f"{GPU}={u[1]}"]
+        # time-slicing spreads: two replicas come from two GPUs, the least shared first
+        assert c.preferred(ids, size=2) == [f"{u[0]}::0", f"{u[1]}::0"]
+        assert c.preferred([i for i in ids if i != f"{u[0]}::0"], size=1) == [f"{u[1]}::0"]
+        with pytest.raises(grpc.RpcError):
+            c.allocate([f"{u[0]}::3"])
+
+
+# -- lifecycle: a real `gpuhook device-plugin` process --------------------------------------------------------------
+
+
+def plugin_args(fake: Any, kubelet: TestKubelet, *extra: str) -> list[str]:
+    return ["--driver-root", str(fake.root), "--kubelet-dir", kubelet.directory,
+            "--cdi-spec-dir", os.path.join(os.path.dirname(kubelet.directory), "cdi"), "--hook-path", "/bin/true",
+            "--sys-root", str(fake.root / "sys"), "--health-interval", "0.05", *extra]
+
+
+def test_process_registers_serves_and_exits_cleanly_on_sigterm(fake_driver: Any, kubelet: TestKubelet,
+                                                               workdir: str) -> None:
+    sock = os.path.join(kubelet.directory, "gpuhook-nvidia.com-gpu.sock")
+    with PluginProcess(plugin_args(fake_driver, kubelet), os.path.join(workdir, "log")) as proc:
+        (reg,) = kubelet.wait_registrations(1, timeout=20)
+        assert reg.request.endpoint == os.path.basename(sock)
+        ids = [d.ID for d in kubelet.stream().first().devices]
+        assert kubelet.client().allocate(ids[:1]).container_responses[0].cdi_devices[0].name == f"{GPU}={ids[0]}"
+        stream = kubelet.stream()
+        proc.signal(signal.SIGTERM)
+        assert proc.wait(10) == 0, proc.log()
+        assert not os.path.exists(sock)
+        assert os.path.exists(kubelet.socket)  # kubelet's own socket is not ours to remove
+        stream.ended.wait(5)
+        assert stream.ended.is_set()
+
+
+def test_process_sigint_exits_zero(fake_driver: Any, kubelet: TestKubelet, workdir: str) -> None:
+    with PluginProcess(plugin_args(fake_driver, kubelet), os.path.join(workdir, "log")) as proc:
+        kubelet.wait_registrations(1, timeout=20)
+        proc.signal(signal.SIGINT)
+        assert proc.wait(10) == 0, proc.log()
+        assert os.listdir(kubelet.directory) == ["kubelet.sock"]
+
+
+@pytest.mark.parametrize("remove_dir", [False, True], ids=["sockets-deleted", "dir-removed"])
+def test_kubelet_restart_reregisters_within_a_second(fake_driver: Any, kubelet: TestKubelet, workdir: str,
+                                                     remove_dir: bool) -> None:
+    with PluginProcess(plugin_args(fake_driver, kubelet), os.path.join(workdir, "log")) as proc:
+        kubelet.wait_registrations(1, timeout=20)
+        for round_ in range(1, 4):
+            restarted = kubelet.restart(remove_dir=remove_dir)
+            regs = kubelet.wait_registrations(round_ + 1, timeout=5)
+            delay = regs[-1].at - restarted
+            assert delay < 1.0, f"re-registered after {delay:.3f}s"
+            assert regs[-1].options is not None  # and kubelet could dial the fresh socket
+            ids = [d.ID for d in kubelet.stream().first().devices]
+            assert len(ids) == 2
+            assert kubelet.client().allocate(ids[:1]).container_responses
+        proc.signal(signal.SIGTERM)
+        assert proc.wait(10) == 0, proc.log()
+
+
+def test_deleted_plugin_socket_is_served_again(fake_driver: Any, kubelet: TestKubelet, workdir: str) -> None:
+    sock = os.path.join(kubelet.directory, "gpuhook-nvidia.com-gpu.sock")
+    with PluginProcess(plugin_args(fake_driver, kubelet), os.path.join(workdir, "log")) as proc:
+        kubelet.wait_registrations(1, timeout=20)
+        os.unlink(sock)
+        kubelet.wait_registrations(2, timeout=2)
+        assert os.path.exists(sock)
+        assert kubelet.stream().first().devices
+        proc.signal(signal.SIGTERM)
+        assert proc.wait(10) == 0
+
+
+def test_registers_once_kubelet_appears(fake_driver: Any, workdir: str) -> None:
+    kubelet = TestKubelet(os.path.join(workdir, "dp"))
+    os.makedirs(kubelet.directory)
+    with PluginProcess(plugin_args(fake_driver, kubelet), os.path.join(workdir, "log")) as proc:
+        deadline = time.monotonic() + 20
+        sock = os.path.join(kubelet.directory, "gpuhook-nvidia.com-gpu.sock")
+        while not os.path.exists(sock):
+            assert time.monotonic() < deadline and proc.proc.poll() is None, proc.log()
+            time.sleep(0.02)
+        time.sleep(0.3)  # a few failed attempts
+        with kubelet:
+            started = time.monotonic()
+            (reg,) = kubelet.wait_registrations(1, timeout=5)
+            assert reg.at - started < 1.0
+        proc.signal(signal.SIGTERM)
+        assert proc.wait(10) == 0
+
+
+def test_process_health_event_reaches_the_stream(fake_driver: Any, kubelet: TestKubelet, workdir: str) -> None:
+    args = plugin_args(fake_driver, kubelet, "--recovery-window", "0.5")
+    with PluginProcess(args, os.path.join(workdir, "log")) as proc:
+        kubelet.wait_registrations(1, timeout=20)
+        stream = kubelet.stream()
+        stream.first()
+        wait_nvml_events(fake_driver, 2, pid=proc.proc.pid)
+        fake_driver.inject_xid(1, 79)
+        stream.wait_for(lambda m: m.devices[1].health == "Unhealthy")
+        stream.wait_for(lambda m: m.devices[1].health == "Healthy", start=len(stream.messages) - 1)
+        proc.signal(signal.SIGTERM)
+        assert proc.wait(10) == 0
+
+
+def test_bad_configuration_is_one_line(fake_driver_mig: Any, kubelet: TestKubelet, workdir: str) -> None:
+    args = plugin_args(fake_driver_mig, kubelet, "--mig-strategy", "single")
+    with PluginProcess(args, os.path.join(workdir, "log")) as proc:
+        assert proc.wait(20) == 1
+        out = proc.log().strip().splitlines()
+        assert out[-1].startswith("gpuhook: MIG strategy single"), out
+        assert "Traceback" not in proc.log()
+        assert not os.path.exists(os.path.join(kubelet.directory, "gpuhook-nvidia.com-gpu.sock"))
