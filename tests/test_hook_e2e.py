@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from support.e2e import need_root, need_tool
 from support.glibc import glibc_rootfs
-from support.runc import make_bundle, need_busybox, runc_run, unique_id
+from support.runc import cgroup2_namespace, make_bundle, need_busybox, runc_run, unique_id
 
 from gpuhook import _native
 
@@ -224,3 +224,23 @@ def test_hostile_symlink_to_host_dir(e2e: Path, fake_driver: Any, tmp_path_facto
         if env and result.returncode != 0:
             assert "gpuhook-hook:" in result.stderr  # a clear refusal, not a crash
     assert views[1] == views[0]
+
+
+def test_cgroup_v2_device_filter(e2e: Path, fake_driver: Any) -> None:
+    """runc on cgroup v2 (its eBPF device filter): the hook widens the filter for the GPU node only."""
+    config = write_config(e2e, Path(fake_driver.root))
+    rootfs = glibc_rootfs(e2e / "bundle", probe_cache=e2e.parent / "probe")
+    # nvidia0 is injected by the hook; a second 195:0 node made by the image itself must stay denied
+    script = ("cat /dev/nvidia0 2>&1 | head -1; mknod /dev/sneaky c 195 1 2>&1 | head -1; "
+              "cat /dev/sneaky 2>&1 | head -1; cat /dev/null && echo null-ok; "
+              "cat /sys/fs/cgroup/cgroup.controllers >/dev/null 2>&1 && echo on-v2")
+    bundle = make_bundle(e2e / "bundle", rootfs, ["sh", "-c", script], env=["NVIDIA_VISIBLE_DEVICES=0"],
+                         hooks=hooks(config), capabilities=["CAP_AUDIT_WRITE", "CAP_KILL", "CAP_MKNOD"])
+    with cgroup2_namespace() as prefix:
+        result = runc_run(bundle, unique_id("v2"), prefix=prefix)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert "No such device or address" in lines[0]  # allowed by the widened filter
+    assert "Operation not permitted" in result.stdout  # 195:1 was never allowed
+    assert "null-ok" in result.stdout and "on-v2" in result.stdout
+    assert "cgroup=v2" in (e2e / "gpuhook.log").read_text()

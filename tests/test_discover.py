@@ -1,0 +1,194 @@
+"""Discovery against simulated drivers: NVML and procfs paths, several layouts, and every bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuhook import driverfiles
+from gpuhook.cli import main as cli_main
+from gpuhook.discover import Roots, discover
+from gpuhook.errors import DiscoveryError
+
+
+def roots(fake: Any) -> Roots:
+    return Roots.make(str(fake.root), None, str(Path(fake.root) / "proc"))
+
+
+def info_json(fake: Any, *extra: str) -> dict[str, Any]:
+    """`gpuhook info --json` as a user runs it (a subprocess: pynvml state never leaks between tests)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "gpuhook.cli", "info", "--driver-root", str(fake.root), "--proc-root",
+         f"{fake.root}/proc", "--json", *extra],
+        capture_output=True, text=True, check=True,
+    )
+    return json.loads(out.stdout)
+
+
+def check_matches_fake(data: dict[str, Any], fake: Any) -> None:
+    assert data["driver_version"] == fake.driver_version
+    assert [g["uuid"] for g in data["gpus"]] == [g.uuid for g in fake.gpus]
+    for got, want in zip(data["gpus"], fake.gpus, strict=True):
+        assert (got["index"], got["minor"], got["pci_bus_id"]) == (want.index, want.minor, want.pci_bus_id)
+        assert got["node"]["path"] == f"/dev/nvidia{want.minor}"
+        assert (got["node"]["major"], got["node"]["minor"]) == (195, want.minor)
+        assert got["mig_enabled"] == want.mig_enabled
+        assert [(m["uuid"], m["gi"], m["ci"], m["profile"]) for m in got["mig_devices"]] == [
+            (m.uuid, m.gi, m.ci, m.profile) for m in want.mig_devices
+        ]
+        for gm, wm in zip(got["mig_devices"], want.mig_devices, strict=True):
+            assert sorted(n["minor"] for n in gm["cap_nodes"]) == sorted([wm.gi_cap_minor, wm.ci_cap_minor])
+    libs = {f["path"].rsplit("/", 1)[1] for f in data["files"] if f["kind"] == "lib"}
+    assert libs == {spec.file_name(fake.driver_version) for spec in driverfiles.LIBRARIES}
+    assert all(f["host_path"].startswith(str(fake.root)) for f in data["files"])
+    names = set(data["control_nodes"])
+    assert {"nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"} <= names
+
+
+def test_info_json_reports_exactly_the_default_fake(fake_driver: Any) -> None:
+    data = info_json(fake_driver)
+    assert data["source"] == "nvml" and data["cuda_version"] == "12.4"
+    check_matches_fake(data, fake_driver)
+
+
+def test_info_json_other_version_count_and_mig_layout(fake_driver_factory: Any) -> None:
+    fake = fake_driver_factory(gpus=5, driver_version="535.161.08", cuda_version="12.2",
+                               mig={0: ["3g.40gb", "1g.10gb"], 3: ["7g.80gb"]})
+    data = info_json(fake)
+    check_matches_fake(data, fake)
+    assert data["cuda_version"] == "12.2"
+    assert [len(g["mig_devices"]) for g in data["gpus"]] == [2, 0, 0, 1, 0]
+    assert set(data["mig_control_nodes"]) == {"config", "monitor"}
+
+
+def test_files_per_capability_and_compat32(fake_driver: Any) -> None:
+    inv = _discover_in_subprocess(fake_driver)
+    by_kind: dict[str, set[str]] = {}
+    for f in inv["files"]:
+        by_kind.setdefault(f["kind"], set()).add(f["path"])
+    assert "/usr/bin/nvidia-smi" in by_kind["bin"]
+    assert f"/lib/firmware/nvidia/{fake_driver.driver_version}/gsp_ga10x.bin" in by_kind["firmware"]
+    assert "/var/run/nvidia-persistenced/socket" in by_kind["ipc"]
+    assert "/usr/share/glvnd/egl_vendor.d/10_nvidia.json" in by_kind["config"]
+    if fake_driver.compat32:
+        assert f"/usr/lib/i386-linux-gnu/libcuda.so.{fake_driver.driver_version}" in by_kind["lib32"]
+    vdpau = [f for f in inv["files"] if "vdpau" in f["path"] and f["kind"] == "lib"]
+    assert vdpau and vdpau[0]["capability"] == "video" and vdpau[0]["soname"] == "libvdpau_nvidia.so.1"
+
+
+def _discover_in_subprocess(fake: Any, method: str = "auto") -> dict[str, Any]:
+    return info_json(fake, "--discovery", method)
+
+
+def test_procfs_fallback_when_nvml_fails(fake_driver_factory: Any) -> None:
+    fake = fake_driver_factory(gpus=3, mig={2: ["1g.10gb"]}, fresh=True)
+    fake.set_fail_init(True)
+    try:
+        data = info_json(fake)
+        assert data["source"] == "procfs"
+        assert any("nvmlInit failed" in n for n in data["notes"])
+        assert [g["uuid"] for g in data["gpus"]] == [g.uuid for g in fake.gpus]
+        assert [g["pci_bus_id"] for g in data["gpus"]] == [g.pci_bus_id for g in fake.gpus]
+        assert [(m["gi"], m["ci"]) for m in data["gpus"][2]["mig_devices"]] == [
+            (m.gi, m.ci) for m in fake.gpus[2].mig_devices
+        ]
+        err = _run_cli(["info", "--driver-root", str(fake.root), "--proc-root", f"{fake.root}/proc",
+                        "--discovery", "nvml"])
+        assert err[0] == 1 and "nvmlInit failed" in err[2]
+    finally:
+        fake.set_fail_init(False)
+
+
+def test_procfs_fallback_without_nvml_library(fake_driver_factory: Any) -> None:
+    fake = fake_driver_factory(gpus=2, fresh=True)
+    for path in Path(fake.root).glob("usr/lib/x86_64-linux-gnu/libnvidia-ml.so*"):
+        path.unlink()
+    data = info_json(fake)
+    assert data["source"] == "procfs" and "no libnvidia-ml.so.1" in data["notes"][0]
+    assert len(data["gpus"]) == 2
+
+
+def test_dev_only_fallback(fake_driver_factory: Any, tmp_path: Path) -> None:
+    fake = fake_driver_factory(gpus=3, fresh=True)
+    shutil.rmtree(Path(fake.root) / "proc/driver/nvidia/gpus")
+    for path in Path(fake.root).glob("usr/lib/x86_64-linux-gnu/libnvidia-ml.so*"):
+        path.unlink()
+    data = info_json(fake)
+    assert [g["minor"] for g in data["gpus"]] == [0, 1, 2]
+
+
+def _run_cli(args: list[str]) -> tuple[int, str, str]:
+    proc = subprocess.run([sys.executable, "-m", "gpuhook.cli", *args], capture_output=True, text=True)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def test_missing_driver_root_is_one_line_exit_1(tmp_path: Path) -> None:
+    code, out, err = _run_cli(["info", "--driver-root", str(tmp_path / "nope")])
+    assert code == 1 and err.count("\n") == 1 and "nope" in err and "Traceback" not in err
+
+
+def test_root_without_driver(tmp_path: Path) -> None:
+    code, _, err = _run_cli(["info", "--driver-root", str(tmp_path), "--proc-root", str(tmp_path / "proc")])
+    assert code == 1 and err.startswith("gpuhook: no NVIDIA driver found under") and err.count("\n") == 1
+
+
+def test_corrupt_ld_cache_names_the_file(fake_driver_factory: Any) -> None:
+    fake = fake_driver_factory(gpus=1, fresh=True)
+    cache = Path(fake.root) / "etc/ld.so.cache"
+    cache.write_bytes(b"glibc-ld.so.cache1.1" + b"\xff" * 40)
+    code, _, err = _run_cli(["info", "--driver-root", str(fake.root), "--proc-root", f"{fake.root}/proc"])
+    assert code == 1 and str(cache) in err and err.count("\n") == 1
+
+
+def test_library_that_is_not_elf(fake_driver_factory: Any) -> None:
+    fake = fake_driver_factory(gpus=1, fresh=True)
+    lib = Path(fake.root) / f"usr/lib/x86_64-linux-gnu/libnvidia-cfg.so.{fake.driver_version}"
+    lib.write_text("not an ELF file\n")
+    code, _, err = _run_cli(["info", "--driver-root", str(fake.root), "--proc-root", f"{fake.root}/proc"])
+    assert code == 1 and str(lib) in err and "ELF" in err and err.count("\n") == 1
+
+
+def test_usage_error_exit_2() -> None:
+    code, _, err = _run_cli(["info", "--discovery", "magic"])
+    assert code == 2 and "magic" in err
+
+
+def test_list_shows_what_a_container_gets(fake_driver: Any) -> None:
+    args = ["list", "--driver-root", str(fake_driver.root), "--proc-root", f"{fake_driver.root}/proc",
+            "--devices", "1", "--capabilities", "utility", "--json"]
+    code, out, err = _run_cli(args)
+    assert code == 0, err
+    data = json.loads(out)
+    assert [(n["path"], n["major"], n["minor"]) for n in data["deviceNodes"]] == [
+        ("/dev/nvidia1", 195, 1), ("/dev/nvidiactl", 195, 255)]
+    mounted = {m["containerPath"] for m in data["mounts"]}
+    assert f"/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.{fake_driver.driver_version}" in mounted
+    assert not any("libcuda" in p for p in mounted)
+    assert {"link": "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
+            "target": f"libnvidia-ml.so.{fake_driver.driver_version}"} in data["symlinks"]
+    code, _, err = _run_cli(args[:-1] + ["--devices", "GPU-nope"])
+    assert code == 1 and "unknown device 'GPU-nope'" in err
+
+
+def test_in_process_discovery_matches_cli(fake_driver_mig: Any) -> None:
+    inv = discover(roots(fake_driver_mig))
+    assert json.loads(json.dumps(inv.to_dict())) == info_json(fake_driver_mig)
+    assert inv.fingerprint and len(inv.fingerprint) == 32
+
+
+def test_unknown_method_is_a_discovery_error(fake_driver: Any) -> None:
+    with pytest.raises(DiscoveryError, match="unknown discovery method"):
+        discover(roots(fake_driver), method="magic")
+
+
+def test_cli_main_returns_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(["info", "--driver-root", str(tmp_path / "missing")]) == 1
+    assert "missing" in capsys.readouterr().err
+    assert os.path.exists(str(tmp_path))
