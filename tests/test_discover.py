@@ -25,9 +25,21 @@ def roots(fake: Any) -> Roots:
 def info_json(fake: Any, *extra: str) -> dict[str, Any]:
     """`gpuhook info --json` as a user runs it (a subprocess: pynvml state never leaks between tests)."""
     out = subprocess.run(
-        [sys.executable, "-m", "gpuhook.cli", "info", "--driver-root", str(fake.root), "--proc-root",
-         f"{fake.root}/proc", "--json", *extra],
-        capture_output=True, text=True, check=True,
+        [
+            sys.executable,
+            "-m",
+            "gpuhook.cli",
+            "info",
+            "--driver-root",
+            str(fake.root),
+            "--proc-root",
+            f"{fake.root}/proc",
+            "--json",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return json.loads(out.stdout)
 
@@ -59,8 +71,9 @@ def test_info_json_reports_exactly_the_default_fake(fake_driver: Any) -> None:
 
 
 def test_info_json_other_version_count_and_mig_layout(fake_driver_factory: Any) -> None:
-    fake = fake_driver_factory(gpus=5, driver_version="535.161.08", cuda_version="12.2",
-                               mig={0: ["3g.40gb", "1g.10gb"], 3: ["7g.80gb"]})
+    fake = fake_driver_factory(
+        gpus=5, driver_version="535.161.08", cuda_version="12.2", mig={0: ["3g.40gb", "1g.10gb"], 3: ["7g.80gb"]}
+    )
     data = info_json(fake)
     check_matches_fake(data, fake)
     assert data["cuda_version"] == "12.2"
@@ -99,8 +112,9 @@ def test_procfs_fallback_when_nvml_fails(fake_driver_factory: Any) -> None:
         assert [(m["gi"], m["ci"]) for m in data["gpus"][2]["mig_devices"]] == [
             (m.gi, m.ci) for m in fake.gpus[2].mig_devices
         ]
-        err = _run_cli(["info", "--driver-root", str(fake.root), "--proc-root", f"{fake.root}/proc",
-                        "--discovery", "nvml"])
+        err = _run_cli(
+            ["info", "--driver-root", str(fake.root), "--proc-root", f"{fake.root}/proc", "--discovery", "nvml"]
+        )
         assert err[0] == 1 and "nvmlInit failed" in err[2]
     finally:
         fake.set_fail_init(False)
@@ -161,18 +175,32 @@ def test_usage_error_exit_2() -> None:
 
 
 def test_list_shows_what_a_container_gets(fake_driver: Any) -> None:
-    args = ["list", "--driver-root", str(fake_driver.root), "--proc-root", f"{fake_driver.root}/proc",
-            "--devices", "1", "--capabilities", "utility", "--json"]
+    args = [
+        "list",
+        "--driver-root",
+        str(fake_driver.root),
+        "--proc-root",
+        f"{fake_driver.root}/proc",
+        "--devices",
+        "1",
+        "--capabilities",
+        "utility",
+        "--json",
+    ]
     code, out, err = _run_cli(args)
     assert code == 0, err
     data = json.loads(out)
     assert [(n["path"], n["major"], n["minor"]) for n in data["deviceNodes"]] == [
-        ("/dev/nvidia1", 195, 1), ("/dev/nvidiactl", 195, 255)]
+        ("/dev/nvidia1", 195, 1),
+        ("/dev/nvidiactl", 195, 255),
+    ]
     mounted = {m["containerPath"] for m in data["mounts"]}
     assert f"/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.{fake_driver.driver_version}" in mounted
     assert not any("libcuda" in p for p in mounted)
-    assert {"link": "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
-            "target": f"libnvidia-ml.so.{fake_driver.driver_version}"} in data["symlinks"]
+    assert {
+        "link": "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
+        "target": f"libnvidia-ml.so.{fake_driver.driver_version}",
+    } in data["symlinks"]
     code, _, err = _run_cli(args[:-1] + ["--devices", "GPU-nope"])
     assert code == 1 and "unknown device 'GPU-nope'" in err
 

@@ -32,7 +32,11 @@ def test_full_config(tmp_path: Path) -> None:
     )
     c = load_config(str(path))
     assert (c.driver_root, c.ldconfig, c.log_file, c.inventory_cache) == (
-        "/run/nvidia/driver", "@/usr/sbin/ldconfig", "", "")
+        "/run/nvidia/driver",
+        "@/usr/sbin/ldconfig",
+        "",
+        "",
+    )
     assert not c.policy.accept_envvar_unprivileged and c.policy.disable_require
     assert c.policy.supported_capabilities == {"compute", "utility"}
 
@@ -41,9 +45,9 @@ def test_full_config(tmp_path: Path) -> None:
     ("text", "message"),
     [
         ("driver-root = ", "invalid TOML"),
-        ('bogus = 1', "unknown key 'bogus'"),
+        ("bogus = 1", "unknown key 'bogus'"),
         ('accept-envvar-unprivileged = "no"', "must be true or false"),
-        ('driver-root = 5', "must be a string"),
+        ("driver-root = 5", "must be a string"),
         ('supported-capabilities = ["compute", "gpu"]', "unknown capability 'gpu'"),
         ('supported-capabilities = "compute"', "must be a list"),
     ],

@@ -50,8 +50,15 @@ def write_config(tmp: Path, root: Path, **extra: Any) -> Path:
 
 
 def hooks(config: Path) -> dict[str, list[dict[str, Any]]]:
-    return {"prestart": [{"path": hook_binary(), "args": ["gpuhook-hook", "--config", str(config), "prestart"],
-                          "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"]}]}
+    return {
+        "prestart": [
+            {
+                "path": hook_binary(),
+                "args": ["gpuhook-hook", "--config", str(config), "prestart"],
+                "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"],
+            }
+        ]
+    }
 
 
 PROBE = (
@@ -63,13 +70,18 @@ PROBE = (
 )
 
 
-def run(tmp: Path, fake: Any, env: list[str], config_extra: dict[str, Any] | None = None,
-        capabilities: list[str] | None = None, mounts: list[dict[str, Any]] | None = None,
-        rootfs: Path | None = None) -> tuple[Any, Path]:
+def run(
+    tmp: Path,
+    fake: Any,
+    env: list[str],
+    config_extra: dict[str, Any] | None = None,
+    capabilities: list[str] | None = None,
+    mounts: list[dict[str, Any]] | None = None,
+    rootfs: Path | None = None,
+) -> tuple[Any, Path]:
     config = write_config(tmp, Path(fake.root), **(config_extra or {}))
     rootfs = rootfs or glibc_rootfs(tmp / "bundle", probe_cache=tmp.parent / "probe")
-    bundle = make_bundle(tmp / "bundle", rootfs, ["sh", "-c", PROBE], env=env, hooks=hooks(config),
-                         mounts=mounts or ())
+    bundle = make_bundle(tmp / "bundle", rootfs, ["sh", "-c", PROBE], env=env, hooks=hooks(config), mounts=mounts or ())
     if capabilities:
         spec = json.loads((bundle / "config.json").read_text())
         spec["process"]["capabilities"] = {k: list(capabilities) for k in ("bounding", "effective", "permitted")}
@@ -167,13 +179,22 @@ def test_unprivileged_policy(e2e: Path, fake_driver: Any) -> None:
     assert "nvidia0" not in result.stdout
     assert "accept-envvar-unprivileged is false" in (e2e / "gpuhook.log").read_text()
     shutil.rmtree(e2e / "bundle")
-    privileged, _ = run(e2e, fake_driver, ["NVIDIA_VISIBLE_DEVICES=all"], extra,
-                        capabilities=["CAP_AUDIT_WRITE", "CAP_KILL", "CAP_SYS_ADMIN"])
+    privileged, _ = run(
+        e2e,
+        fake_driver,
+        ["NVIDIA_VISIBLE_DEVICES=all"],
+        extra,
+        capabilities=["CAP_AUDIT_WRITE", "CAP_KILL", "CAP_SYS_ADMIN"],
+    )
     assert privileged.returncode == 0, privileged.stderr
     assert "nvidia0" in nodes(privileged.stdout)
     shutil.rmtree(e2e / "bundle")
-    mount = {"destination": "/var/run/nvidia-container-devices/1", "source": "/dev/null", "type": "bind",
-             "options": ["bind", "ro"]}
+    mount = {
+        "destination": "/var/run/nvidia-container-devices/1",
+        "source": "/dev/null",
+        "type": "bind",
+        "options": ["bind", "ro"],
+    }
     by_mount, _ = run(e2e, fake_driver, ["NVIDIA_VISIBLE_DEVICES=all"], extra, mounts=[mount])
     assert by_mount.returncode == 0, by_mount.stderr
     assert nodes(by_mount.stdout) == ["nvidia-uvm", "nvidia-uvm-tools", "nvidia1", "nvidiactl"]
@@ -194,13 +215,21 @@ def _listing(path: Path) -> dict[str, str]:
     return out
 
 
-HOSTILE_LINKS = ["usr/lib/x86_64-linux-gnu", "etc/ld.so.conf.d", "dev", "etc/ld.so.cache", "usr/bin",
-                 "lib/firmware", "var/run"]
+HOSTILE_LINKS = [
+    "usr/lib/x86_64-linux-gnu",
+    "etc/ld.so.conf.d",
+    "dev",
+    "etc/ld.so.cache",
+    "usr/bin",
+    "lib/firmware",
+    "var/run",
+]
 
 
 @pytest.mark.parametrize("hostile", HOSTILE_LINKS)
-def test_hostile_symlink_to_host_dir(e2e: Path, fake_driver: Any, tmp_path_factory: pytest.TempPathFactory,
-                                     hostile: str) -> None:
+def test_hostile_symlink_to_host_dir(
+    e2e: Path, fake_driver: Any, tmp_path_factory: pytest.TempPathFactory, hostile: str
+) -> None:
     """An image path that is an absolute symlink to a host dir: the hook adds nothing there.
 
     runc itself writes through some such links (e.g. /dev's fd/ptmx links), so the host dir after a start
@@ -231,11 +260,19 @@ def test_cgroup_v2_device_filter(e2e: Path, fake_driver: Any) -> None:
     config = write_config(e2e, Path(fake_driver.root))
     rootfs = glibc_rootfs(e2e / "bundle", probe_cache=e2e.parent / "probe")
     # nvidia0 is injected by the hook; a second 195:0 node made by the image itself must stay denied
-    script = ("cat /dev/nvidia0 2>&1 | head -1; mknod /dev/sneaky c 195 1 2>&1 | head -1; "
-              "cat /dev/sneaky 2>&1 | head -1; cat /dev/null && echo null-ok; "
-              "cat /sys/fs/cgroup/cgroup.controllers >/dev/null 2>&1 && echo on-v2")
-    bundle = make_bundle(e2e / "bundle", rootfs, ["sh", "-c", script], env=["NVIDIA_VISIBLE_DEVICES=0"],
-                         hooks=hooks(config), capabilities=["CAP_AUDIT_WRITE", "CAP_KILL", "CAP_MKNOD"])
+    script = (
+        "cat /dev/nvidia0 2>&1 | head -1; mknod /dev/sneaky c 195 1 2>&1 | head -1; "
+        "cat /dev/sneaky 2>&1 | head -1; cat /dev/null && echo null-ok; "
+        "cat /sys/fs/cgroup/cgroup.controllers >/dev/null 2>&1 && echo on-v2"
+    )
+    bundle = make_bundle(
+        e2e / "bundle",
+        rootfs,
+        ["sh", "-c", script],
+        env=["NVIDIA_VISIBLE_DEVICES=0"],
+        hooks=hooks(config),
+        capabilities=["CAP_AUDIT_WRITE", "CAP_KILL", "CAP_MKNOD"],
+    )
     with cgroup2_namespace() as prefix:
         result = runc_run(bundle, unique_id("v2"), prefix=prefix)
     assert result.returncode == 0, result.stderr

@@ -37,8 +37,10 @@ def podman(tmp_path: Path) -> Any:
 def hooks_dir(tmp: Path, fake: Any) -> Path:
     """The repo's oci-hooks.d/gpuhook.json, pointed at the installed hook and a config for the fake."""
     config = tmp / "config.toml"
-    config.write_text(f'driver-root = "{fake.root}"\nproc-root = "{fake.root}/proc"\n'
-                      f'log-file = "{tmp}/gpuhook.log"\ninventory-cache = ""\n')
+    config.write_text(
+        f'driver-root = "{fake.root}"\nproc-root = "{fake.root}/proc"\n'
+        f'log-file = "{tmp}/gpuhook.log"\ninventory-cache = ""\n'
+    )
     spec = json.loads((REPO / "oci-hooks.d/gpuhook.json").read_text())
     spec["hook"]["path"] = HOOK
     spec["hook"]["args"] = ["gpuhook-hook", "--config", str(config), "prestart"]
@@ -56,8 +58,11 @@ def view(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     links_part, probe = rest.split("PROBE", 1)
     return {
         "nodes": parse_nodes(nodes_part),
-        "mounts": sorted(line for line in mounts_part.split("\n") if "nvidia" in line or "libcuda" in line
-                         or "libnv" in line or "lib" in line and ".so." in line),
+        "mounts": sorted(
+            line
+            for line in mounts_part.split("\n")
+            if "nvidia" in line or "libcuda" in line or "libnv" in line or "lib" in line and ".so." in line
+        ),
         "links": sorted(line for line in links_part.split("\n") if line.strip()),
         "probe": probe.strip(),
     }
@@ -65,17 +70,42 @@ def view(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:
 
 def test_hook_via_podman_equals_cdi(podman: Podman, fake_driver: Any, tmp_path: Path) -> None:
     spec = podman.spec_dir / "nvidia.yaml"
-    gen = subprocess.run([GPUHOOK, "generate-cdi", "--driver-root", str(fake_driver.root), "--proc-root",
-                          f"{fake_driver.root}/proc", "--hook-path", GPUHOOK, "--output", str(spec)],
-                         capture_output=True, text=True)
+    gen = subprocess.run(
+        [
+            GPUHOOK,
+            "generate-cdi",
+            "--driver-root",
+            str(fake_driver.root),
+            "--proc-root",
+            f"{fake_driver.root}/proc",
+            "--hook-path",
+            GPUHOOK,
+            "--output",
+            str(spec),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert gen.returncode == 0, gen.stderr
     cdi_rootfs = glibc_rootfs(tmp_path / "cdi", probe_cache=tmp_path / "probe")
     cdi_view = view(podman.sh(cdi_rootfs, ["nvidia.com/gpu=0"], VIEW))
 
     hook_rootfs = glibc_rootfs(tmp_path / "hook", probe_cache=tmp_path / "probe")
-    cmd = podman.command("--hooks-dir", str(hooks_dir(tmp_path, fake_driver)), "run", *RUN_FLAGS,
-                         "--env", "NVIDIA_VISIBLE_DEVICES=0", "--env", "NVIDIA_DRIVER_CAPABILITIES=all",
-                         "--rootfs", str(hook_rootfs), "sh", "-c", VIEW)
+    cmd = podman.command(
+        "--hooks-dir",
+        str(hooks_dir(tmp_path, fake_driver)),
+        "run",
+        *RUN_FLAGS,
+        "--env",
+        "NVIDIA_VISIBLE_DEVICES=0",
+        "--env",
+        "NVIDIA_DRIVER_CAPABILITIES=all",
+        "--rootfs",
+        str(hook_rootfs),
+        "sh",
+        "-c",
+        VIEW,
+    )
     hook_view = view(subprocess.run(cmd, capture_output=True, text=True, timeout=120))
 
     assert "/dev/nvidia0" in hook_view["nodes"] and "/dev/nvidia1" not in hook_view["nodes"]
@@ -83,18 +113,33 @@ def test_hook_via_podman_equals_cdi(podman: Podman, fake_driver: Any, tmp_path: 
     assert hook_view["mounts"] == cdi_view["mounts"] and hook_view["mounts"]
     assert hook_view["links"] == cdi_view["links"] and hook_view["links"]
     assert hook_view["probe"] == cdi_view["probe"] == "cuInit=0 count=1 version=12040"
-    hook_cache = {e.key for e in _native.read_ldcache(str(hook_rootfs / "etc/ld.so.cache")) if "nvidia" in e.value
-                  or "cuda" in e.key}
-    cdi_cache = {e.key for e in _native.read_ldcache(str(cdi_rootfs / "etc/ld.so.cache")) if "nvidia" in e.value
-                 or "cuda" in e.key}
+    hook_cache = {
+        e.key
+        for e in _native.read_ldcache(str(hook_rootfs / "etc/ld.so.cache"))
+        if "nvidia" in e.value or "cuda" in e.key
+    }
+    cdi_cache = {
+        e.key
+        for e in _native.read_ldcache(str(cdi_rootfs / "etc/ld.so.cache"))
+        if "nvidia" in e.value or "cuda" in e.key
+    }
     assert hook_cache == cdi_cache and "libcuda.so.1" in hook_cache
     assert " inject devices=" in (tmp_path / "gpuhook.log").read_text()
 
 
 def test_hook_via_podman_skips_non_gpu_container(podman: Podman, fake_driver: Any, tmp_path: Path) -> None:
     rootfs = glibc_rootfs(tmp_path / "plain", probe_cache=tmp_path / "probe")
-    cmd = podman.command("--hooks-dir", str(hooks_dir(tmp_path, fake_driver)), "run", *RUN_FLAGS,
-                         "--rootfs", str(rootfs), "sh", "-c", LIST_NODES)
+    cmd = podman.command(
+        "--hooks-dir",
+        str(hooks_dir(tmp_path, fake_driver)),
+        "run",
+        *RUN_FLAGS,
+        "--rootfs",
+        str(rootfs),
+        "sh",
+        "-c",
+        LIST_NODES,
+    )
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert parse_nodes(result.stdout) == {}

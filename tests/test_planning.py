@@ -58,8 +58,12 @@ def test_unknown_device_fails_naming_it(inv: Inventory, value: str) -> None:
 
 def test_plan_one_gpu_compute(inv: Inventory) -> None:
     edits = plan(inv, select(inv, "1"))
-    assert [n.path for n in edits.device_nodes] == ["/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia-uvm",
-                                                    "/dev/nvidia-uvm-tools"]
+    assert [n.path for n in edits.device_nodes] == [
+        "/dev/nvidia1",
+        "/dev/nvidiactl",
+        "/dev/nvidia-uvm",
+        "/dev/nvidia-uvm-tools",
+    ]
     mounted = {m.container_path for m in edits.mounts}
     assert "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15" in mounted
     assert "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.550.54.15" in mounted
@@ -108,8 +112,12 @@ def test_plan_none_gives_files_and_control_nodes_only(inv: Inventory) -> None:
 
 def test_cdi_parts_cover_all_capabilities(inv: Inventory) -> None:
     common = common_edits(inv, ALL_CAPABILITIES)
-    assert {n.path for n in common.device_nodes} == {"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools",
-                                                     "/dev/nvidia-modeset"}
+    assert {n.path for n in common.device_nodes} == {
+        "/dev/nvidiactl",
+        "/dev/nvidia-uvm",
+        "/dev/nvidia-uvm-tools",
+        "/dev/nvidia-modeset",
+    }
     assert len(common.mounts) == len(inv.files)
     dev = device_edits(inv, inv.gpus[0], ALL_CAPABILITIES)
     assert [n.path for n in dev.device_nodes] == ["/dev/nvidia0", "/dev/dri/card1", "/dev/dri/renderD128"]

@@ -75,8 +75,12 @@ def test_legacy_cuda_image_means_all_and_requires_its_cuda() -> None:
 
 
 def test_requirements_collected_and_disabled() -> None:
-    env = ["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_REQUIRE_CUDA=cuda>=12.0", "NVIDIA_REQUIRE_ARCH=arch>=8.0",
-           "NVIDIA_REQUIRE_JETPACK=jetpack>=5"]
+    env = [
+        "NVIDIA_VISIBLE_DEVICES=0",
+        "NVIDIA_REQUIRE_CUDA=cuda>=12.0",
+        "NVIDIA_REQUIRE_ARCH=arch>=8.0",
+        "NVIDIA_REQUIRE_JETPACK=jetpack>=5",
+    ]
     assert parse_request(env).requirements == ("arch>=8.0", "cuda>=12.0")
     assert parse_request([*env, "NVIDIA_DISABLE_REQUIRE=true"]).requirements == ()
     assert parse_request(env, policy=Policy(disable_require=True)).requirements == ()

@@ -202,6 +202,22 @@ CASES = [
 ]  # fmt: skip
 
 
+@pytest.fixture(autouse=True)
+def host_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The runtimes' default and vendor files, moved under tmp_path/host (absent unless a test writes them), so
+    no test reads or writes the real /etc or /usr/share."""
+    host = tmp_path / "host"
+    for name, default in [("CONTAINERD_CONFIG", "etc/containerd/config.toml"), ("CRIO_CONFIG", "etc/crio/crio.conf"),
+                          ("CRIO_DROPIN", "etc/crio/crio.conf.d/99-gpuhook.conf"),
+                          ("DOCKER_CONFIG", "etc/docker/daemon.json"),
+                          ("PODMAN_CONFIG", "etc/containers/containers.conf"),
+                          ("PODMAN_DROPIN", "etc/containers/containers.conf.d/99-gpuhook.conf"),
+                          ("PODMAN_VENDOR_CONFIG", "usr/share/containers/containers.conf"),
+                          ("DEFAULT_HOOKS_DIR", "etc/containers/oci/hooks.d")]:
+        monkeypatch.setattr(runtimes, name, str(host / default))
+    return host
+
+
 def configure(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     code = main(["runtime", "configure", *args])
     out, err = capsys.readouterr()
@@ -222,7 +238,8 @@ def fake_ctr(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def comments(text: str) -> list[str]:
-    return [line.strip() for line in text.splitlines() if "#" in line]
+    """Every comment (from `#` to the end of the line); values before it may change."""
+    return [line[line.index("#"):] for line in text.splitlines() if "#" in line]
 
 
 def tree(folder: Path) -> dict[str, bytes]:
@@ -385,12 +402,9 @@ def test_hook_mode_installs_the_hooks_file(tmp_path: Path, capsys: pytest.Captur
     assert "no restart needed" in out
 
 
-def test_crio_uses_a_drop_in_when_crio_conf_is_absent(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    dropin = tmp_path / "crio" / "crio.conf.d" / "99-gpuhook.conf"
-    monkeypatch.setattr(runtimes, "CRIO_CONFIG", str(tmp_path / "crio" / "crio.conf"))
-    monkeypatch.setattr(runtimes, "CRIO_DROPIN", str(dropin))
-    (dropin.parent).mkdir(parents=True)
+def test_crio_uses_a_drop_in_when_crio_conf_is_absent(host_files: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    dropin = Path(runtimes.CRIO_DROPIN)
+    dropin.parent.mkdir(parents=True)
     (dropin.parent / "50-site.conf").write_text('[crio.runtime]\ncdi_spec_dirs = ["/site/cdi"]\n')
     code, out, err = configure(capsys, "--runtime", "crio")
     assert code == 0, err
@@ -399,11 +413,40 @@ def test_crio_uses_a_drop_in_when_crio_conf_is_absent(tmp_path: Path, capsys: py
     assert "50-site.conf" not in err, "an earlier drop-in is overridden by ours, not the other way round"
 
     # Changing an existing drop-in: its backup must not land in crio.conf.d, where CRI-O would read it last.
-    code, out, err = configure(capsys, "--runtime", "crio", "--mode", "hook", "--hooks-dir", str(tmp_path / "h"),
+    code, out, err = configure(capsys, "--runtime", "crio", "--mode", "hook", "--hooks-dir", str(host_files / "h"),
                                "--hook-path", HOOK)
     assert code == 0, err
     assert sorted(p.name for p in dropin.parent.iterdir()) == ["50-site.conf", "99-gpuhook.conf"]
-    assert (tmp_path / "crio" / "99-gpuhook.conf.gpuhook.bak").is_file()
+    assert (dropin.parent.parent / "99-gpuhook.conf.gpuhook.bak").is_file()
+
+
+def test_crio_drop_in_keeps_the_hooks_dirs_of_crio_conf(host_files: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    main_conf = Path(runtimes.CRIO_CONFIG)
+    main_conf.parent.mkdir(parents=True)
+    main_conf.write_text('[crio.runtime]\nhooks_dir = ["/usr/share/containers/oci/hooks.d", "/vendor/hooks"]\n')
+    dropin = main_conf.parent / "crio.conf.d" / "50-gpu.conf"
+    code, _, err = configure(capsys, "--runtime", "crio", "--mode", "hook", "--config", str(dropin),
+                             "--hooks-dir", str(host_files / "h"), "--hook-path", HOOK)
+    assert code == 0, err
+    hooks_dir = tomllib.loads(dropin.read_text())["crio"]["runtime"]["hooks_dir"]
+    wanted = ["/usr/share/containers/oci/hooks.d", "/vendor/hooks", str(host_files / "h")]
+    assert hooks_dir == wanted, "a drop-in replaces the list, so it must repeat the earlier entries"
+
+
+def test_podman_uses_a_drop_in_and_keeps_the_vendor_hooks_dirs(host_files: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    vendor = Path(runtimes.PODMAN_VENDOR_CONFIG)
+    vendor.parent.mkdir(parents=True)
+    vendor.write_text('[engine]\nhooks_dir = ["/usr/share/containers/oci/hooks.d", "/usr/libexec/oci/hooks.d"]\n')
+    code, out, err = configure(capsys, "--runtime", "podman", "--mode", "hook", "--hooks-dir", str(host_files / "h"),
+                               "--hook-path", HOOK)
+    assert code == 0, err
+    dropin = Path(runtimes.PODMAN_DROPIN)
+    assert f"created {dropin}" in out
+    assert not Path(runtimes.PODMAN_CONFIG).exists(), "creating it could hide the vendor file from newer podman"
+    assert tomllib.loads(dropin.read_text()) == {
+        "engine": {"hooks_dir": ["/usr/share/containers/oci/hooks.d", "/usr/libexec/oci/hooks.d",
+                                  str(host_files / "h")]}}
 
 
 def test_later_drop_in_setting_the_key_is_reported(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -513,14 +556,15 @@ def test_runtime_config_snippets_say_what_configure_does() -> None:
     v16 = toml("containerd-1.6.toml")
     assert v16["version"] == 2
     runc = v16["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["runc"]
-    assert runc == {"runtime_type": "io.containerd.runc.v2", "base_runtime_spec": "/etc/containerd/gpuhook-base-spec.json"}
+    assert runc == {"runtime_type": "io.containerd.runc.v2",
+                    "base_runtime_spec": "/etc/containerd/gpuhook-base-spec.json"}
     v17 = toml("containerd-1.7.toml")
     assert v17["version"] == 2 and v17["plugins"]["io.containerd.grpc.v1.cri"] == {
         "enable_cdi": True, "cdi_spec_dirs": CDI_DIRS}
     v2 = toml("containerd-2.toml")
     assert v2["version"] == 3 and v2["plugins"]["io.containerd.cri.v1.runtime"] == {
         "enable_cdi": True, "cdi_spec_dirs": CDI_DIRS}
-    hooks_dirs = [runtimes.BUILTIN_HOOKS_DIR, runtimes.DEFAULT_HOOKS_DIR]
+    hooks_dirs = ["/usr/share/containers/oci/hooks.d", "/etc/containers/oci/hooks.d"]
     assert toml("crio-99-gpuhook.conf") == {"crio": {"runtime": {"cdi_spec_dirs": CDI_DIRS, "hooks_dir": hooks_dirs}}}
     assert toml("podman-containers.conf") == {"engine": {"hooks_dir": hooks_dirs}}
     assert js("docker-daemon-cdi.json") == {"features": {"cdi": True}}

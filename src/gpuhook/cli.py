@@ -17,8 +17,13 @@ from .errors import GpuhookError
 
 def root_options(func: Callable[..., Any]) -> Callable[..., Any]:
     """--driver-root/--dev-root/--proc-root/--discovery, shared by every command that discovers."""
-    func = click.option("--discovery", type=click.Choice(["auto", "nvml", "procfs"]), default="auto",
-                        show_default=True, help="Where GPUs come from.")(func)
+    func = click.option(
+        "--discovery",
+        type=click.Choice(["auto", "nvml", "procfs"]),
+        default="auto",
+        show_default=True,
+        help="Where GPUs come from.",
+    )(func)
     func = click.option("--proc-root", default=None, help="procfs to read /driver/nvidia from [default: /proc].")(func)
     func = click.option("--dev-root", default=None, help="Root holding /dev [default: driver root].")(func)
     func = click.option("--driver-root", default="/", show_default=True, help="Root of the driver install.")(func)
@@ -79,8 +84,15 @@ def info(driver_root: str, dev_root: str | None, proc_root: str | None, discover
 @click.option("--devices", default="all", show_default=True, help="As NVIDIA_VISIBLE_DEVICES.")
 @click.option("--capabilities", default="", help="As NVIDIA_DRIVER_CAPABILITIES [default: utility,compute].")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def list_cmd(driver_root: str, dev_root: str | None, proc_root: str | None, discovery: str, devices: str,
-             capabilities: str, as_json: bool) -> None:
+def list_cmd(
+    driver_root: str,
+    dev_root: str | None,
+    proc_root: str | None,
+    discovery: str,
+    devices: str,
+    capabilities: str,
+    as_json: bool,
+) -> None:
     """Exactly what a container asking for --devices/--capabilities would receive."""
     from .edits import plan
     from .report import edits_to_dict, format_edits

@@ -46,15 +46,31 @@ def _bundle(work: Path, hook: str, config: Path, busybox: str) -> Path:
         (rootfs / "bin" / applet).symlink_to("busybox")
     spec = {
         "ociVersion": "1.0.2",
-        "process": {"args": ["sh", "-c", CONTAINER_SCRIPT], "cwd": "/", "user": {"uid": 0, "gid": 0},
-                    "env": ["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=0"], "noNewPrivileges": True},
+        "process": {
+            "args": ["sh", "-c", CONTAINER_SCRIPT],
+            "cwd": "/",
+            "user": {"uid": 0, "gid": 0},
+            "env": ["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=0"],
+            "noNewPrivileges": True,
+        },
         "root": {"path": "rootfs"},
-        "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"},
-                   {"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "mode=755"]}],
-        "hooks": {"prestart": [{"path": hook, "args": ["gpuhook-hook", "--config", str(config), "prestart"],
-                                "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"]}]},
-        "linux": {"namespaces": [{"type": t} for t in ("pid", "mount", "ipc", "uts")],
-                  "resources": {"devices": [{"allow": False, "access": "rwm"}]}},
+        "mounts": [
+            {"destination": "/proc", "type": "proc", "source": "proc"},
+            {"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "mode=755"]},
+        ],
+        "hooks": {
+            "prestart": [
+                {
+                    "path": hook,
+                    "args": ["gpuhook-hook", "--config", str(config), "prestart"],
+                    "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"],
+                }
+            ]
+        },
+        "linux": {
+            "namespaces": [{"type": t} for t in ("pid", "mount", "ipc", "uts")],
+            "resources": {"devices": [{"allow": False, "access": "rwm"}]},
+        },
     }
     (work / "bundle/config.json").write_text(json.dumps(spec, indent=2))
     return work / "bundle"
@@ -63,20 +79,36 @@ def _bundle(work: Path, hook: str, config: Path, busybox: str) -> Path:
 def _run_container(work: Path, root: Path) -> None:
     hook = str(Path(sys.executable).with_name("gpuhook-hook"))
     busybox = _busybox()
-    missing = [what for what, ok in (("root", os.geteuid() == 0), ("runc", shutil.which("runc")),
-                                     ("static busybox", busybox), ("gpuhook-hook", os.path.exists(hook))) if not ok]
+    missing = [
+        what
+        for what, ok in (
+            ("root", os.geteuid() == 0),
+            ("runc", shutil.which("runc")),
+            ("static busybox", busybox),
+            ("gpuhook-hook", os.path.exists(hook)),
+        )
+        if not ok
+    ]
     if missing:
         click.echo(f"skipped: needs {', '.join(missing)} (apt-get install runc busybox-static; run as root)")
         return
     config = work / "config.toml"
-    config.write_text(f'driver-root = "{root}"\nproc-root = "{root}/proc"\nlog-file = "{work}/gpuhook.log"\n'
-                      f'inventory-cache = "{work}/inventory.json"\n')
+    config.write_text(
+        f'driver-root = "{root}"\nproc-root = "{root}/proc"\nlog-file = "{work}/gpuhook.log"\n'
+        f'inventory-cache = "{work}/inventory.json"\n'
+    )
     bundle = _bundle(work, hook, config, busybox or "")
     click.echo("runc run with NVIDIA_VISIBLE_DEVICES=0 and gpuhook-hook as prestart hook:")
     cid = f"gpuhook-demo-{os.getpid()}"
     try:
-        result = subprocess.run(["runc", "run", "--bundle", str(bundle), cid], capture_output=True, text=True,
-                                timeout=60, check=False, stdin=subprocess.DEVNULL)
+        result = subprocess.run(
+            ["runc", "run", "--bundle", str(bundle), cid],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
     finally:
         subprocess.run(["runc", "delete", "-f", cid], capture_output=True, check=False)
     click.echo(result.stdout.rstrip() or result.stderr.rstrip())

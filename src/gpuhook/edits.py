@@ -97,7 +97,9 @@ def _parent(inv: Inventory, device: Gpu | MigDevice) -> Gpu:
     return device if isinstance(device, Gpu) else inv.gpus[device.gpu_index]
 
 
-def device_edits(inv: Inventory, device: Gpu | MigDevice, capabilities: frozenset[str] = ALL_CAPABILITIES) -> ContainerEdits:
+def device_edits(
+    inv: Inventory, device: Gpu | MigDevice, capabilities: frozenset[str] = ALL_CAPABILITIES
+) -> ContainerEdits:
     """The nodes (and, for the hook, proc entries) that belong to one device."""
     gpu = _parent(inv, device)
     caps = catalogue.expand_capabilities(capabilities)
@@ -143,8 +145,13 @@ def control_nodes(inv: Inventory, capabilities: frozenset[str]) -> list[DeviceNo
     return [inv.control_nodes[n] for n in names if n in inv.control_nodes]
 
 
-def common_edits(inv: Inventory, capabilities: frozenset[str] = ALL_CAPABILITIES, *,
-                 mig_config: bool = False, mig_monitor: bool = False) -> ContainerEdits:
+def common_edits(
+    inv: Inventory,
+    capabilities: frozenset[str] = ALL_CAPABILITIES,
+    *,
+    mig_config: bool = False,
+    mig_monitor: bool = False,
+) -> ContainerEdits:
     """Control nodes, driver files, links and ld cache folders for a capability set."""
     caps = catalogue.expand_capabilities(capabilities)
     files = [f for f in inv.files if _wanted(f, caps)]

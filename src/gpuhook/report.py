@@ -23,8 +23,10 @@ def format_inventory(inv: Inventory) -> str:
     ]
     for g in inv.gpus:
         mig = " MIG enabled" if g.mig_enabled else ""
-        lines.append(f"  {g.index}: {g.uuid or '-'} {g.pci_bus_id or '-'} minor={g.minor} {g.name}"
-                     f" {g.memory_mib} MiB cc={g.compute_capability or '-'} brand={g.brand or '-'}{mig}")
+        lines.append(
+            f"  {g.index}: {g.uuid or '-'} {g.pci_bus_id or '-'} minor={g.minor} {g.name}"
+            f" {g.memory_mib} MiB cc={g.compute_capability or '-'} brand={g.brand or '-'}{mig}"
+        )
         for m in g.mig_devices:
             caps = ", ".join(_node(n) for n in m.cap_nodes)
             lines.append(f"     {m.name}: {m.uuid or '-'} {m.profile or '-'} gi={m.gi} ci={m.ci} [{caps}]")
@@ -45,8 +47,10 @@ def edits_to_dict(edits: ContainerEdits) -> dict[str, Any]:
     return {
         "env": list(edits.env),
         "deviceNodes": [asdict(n) for n in edits.device_nodes],
-        "mounts": [{"hostPath": m.host_path, "containerPath": m.container_path, "options": list(m.options)}
-                   for m in edits.mounts],
+        "mounts": [
+            {"hostPath": m.host_path, "containerPath": m.container_path, "options": list(m.options)}
+            for m in edits.mounts
+        ],
         "symlinks": [{"link": s.link, "target": s.target} for s in edits.symlinks],
         "ldcacheFolders": list(edits.ld_dirs),
     }

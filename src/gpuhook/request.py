@@ -81,7 +81,9 @@ def parse_visible_devices(value: str | None) -> tuple[str, tuple[str, ...]]:
     return "list", tuple(ids)
 
 
-def parse_capabilities(value: str | None, supported: frozenset[str] = frozenset(catalogue.CAPABILITIES)) -> frozenset[str]:
+def parse_capabilities(
+    value: str | None, supported: frozenset[str] = frozenset(catalogue.CAPABILITIES)
+) -> frozenset[str]:
     if value is None or not value.strip():
         return frozenset(catalogue.DEFAULT_CAPABILITIES)
     caps: set[str] = set()
@@ -96,7 +98,9 @@ def parse_capabilities(value: str | None, supported: frozenset[str] = frozenset(
             raise RequestError(f"unknown driver capability {item!r} in {DRIVER_CAPABILITIES}={value!r}")
     unsupported = caps - supported
     if unsupported:
-        raise RequestError(f"driver capability {sorted(unsupported)[0]!r} is not supported by this host's configuration")
+        raise RequestError(
+            f"driver capability {sorted(unsupported)[0]!r} is not supported by this host's configuration"
+        )
     return frozenset(caps)
 
 

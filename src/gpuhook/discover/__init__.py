@@ -60,8 +60,9 @@ def _cap_node(roots: Roots, access_canonical: str) -> DeviceNode | None:
     return DeviceNode(canonical, join(roots.dev_root, canonical), major, minor, 0o444)
 
 
-def _mig_device(roots: Roots, gpu_index: int, gpu_minor: int, index: int, uuid: str, gi: int, ci: int,
-                profile: str) -> MigDevice:
+def _mig_device(
+    roots: Roots, gpu_index: int, gpu_minor: int, index: int, uuid: str, gi: int, ci: int, profile: str
+) -> MigDevice:
     gi_access, ci_access = procfs.mig_access_paths(gpu_minor, gi, ci)
     nodes = tuple(n for n in (_cap_node(roots, gi_access), _cap_node(roots, ci_access)) if n is not None)
     return MigDevice(gpu_index, index, uuid, gi, ci, profile, gi_access, ci_access, nodes)
@@ -90,9 +91,20 @@ def _from_nvml(roots: Roots, library: str) -> tuple[str, str, list[Gpu]]:
     for g in report.gpus:
         migs = [_mig_device(roots, g.index, g.minor, m.index, m.uuid, m.gi, m.ci, m.profile) for m in g.migs]
         gpus.append(
-            _gpu(roots, g.index, g.minor, g.uuid, g.pci_bus_id, name=g.name, memory_mib=g.memory_mib,
-                 compute_capability=g.compute_capability, brand=g.brand, numa_node=g.numa_node,
-                 mig_enabled=g.mig_enabled, migs=migs)
+            _gpu(
+                roots,
+                g.index,
+                g.minor,
+                g.uuid,
+                g.pci_bus_id,
+                name=g.name,
+                memory_mib=g.memory_mib,
+                compute_capability=g.compute_capability,
+                brand=g.brand,
+                numa_node=g.numa_node,
+                mig_enabled=g.mig_enabled,
+                migs=migs,
+            )
         )
     return report.driver_version, report.cuda_version, gpus
 
@@ -105,8 +117,9 @@ def _from_procfs(roots: Roots) -> tuple[str, str, list[Gpu]]:
         for index, pg in enumerate(proc_gpus):
             pairs = procfs.mig_instances(roots.proc_root, pg.minor)
             migs = [_mig_device(roots, index, pg.minor, i, "", gi, ci, "") for i, (gi, ci) in enumerate(pairs)]
-            gpus.append(_gpu(roots, index, pg.minor, pg.uuid, pg.bus_id, name=pg.model,
-                             mig_enabled=bool(migs), migs=migs))
+            gpus.append(
+                _gpu(roots, index, pg.minor, pg.uuid, pg.bus_id, name=pg.model, mig_enabled=bool(migs), migs=migs)
+            )
     else:
         for index, minor in enumerate(devnodes.gpu_minors(roots.dev_root)):
             gpus.append(_gpu(roots, index, minor, "", ""))

@@ -27,31 +27,52 @@ def _params_without_modify(host_params: str) -> bytes:
 
 
 def _mask_proc(root: RootFS, edits: ContainerEdits, proc_root: str) -> None:
-    """With a real driver the container's procfs shows every GPU: hide the unselected ones, pin params.
+    """With a real driver the container's procfs shows every GPU: cover /proc/driver/nvidia with a tmpfs
+    holding the version, a params copy with ModifyDeviceFiles: 0, the selected GPUs' directories and the
+    capability files (as libnvidia-container does).
 
     Nothing to do where the container's /proc has no driver directory (no kernel module, as on a simulation).
     """
     if not root.exists("/proc/driver/nvidia/gpus"):
         return
+    host_dir = os.path.join(proc_root, "driver/nvidia")
     sources = {d: mounts.clone_source(os.path.join(proc_root, d.removeprefix("/proc/"))) for d in edits.proc_gpu_dirs}
-    gfd = root.open("/proc/driver/nvidia/gpus")
+    caps = os.path.join(host_dir, "capabilities")
+    if os.path.isdir(caps):
+        sources["/proc/driver/nvidia/capabilities"] = mounts.clone_source(caps)
+    with open(os.path.join(host_dir, "version"), "rb") as f:
+        version = f.read()
+    params = _params_without_modify(edits.params_host_path) if edits.params_host_path else b""
+    dfd = root.open("/proc/driver/nvidia", os.O_PATH | os.O_DIRECTORY)
     try:
-        _native.mount("tmpfs", f"/proc/self/fd/{gfd}", "tmpfs", _native.MS_NOSUID | _native.MS_NODEV | _native.MS_NOEXEC,
-                      "mode=0555,size=4k")
+        _native.mount(
+            "tmpfs",
+            f"/proc/self/fd/{dfd}",
+            "tmpfs",
+            _native.MS_NOSUID | _native.MS_NODEV | _native.MS_NOEXEC,
+            "mode=0555,size=64k",
+        )
     finally:
-        os.close(gfd)
+        os.close(dfd)
+    root.write_file("/proc/driver/nvidia/version", version, 0o444)
+    if params:
+        root.write_file("/proc/driver/nvidia/params", params, 0o444)
+    root.mkdirs("/proc/driver/nvidia/gpus", 0o555)
     for path, fd in sources.items():
         mounts.bind(root, fd, path, ("ro", "nosuid", "nodev", "noexec"))
         os.close(fd)
-    if edits.params_host_path:
-        memfd = os.memfd_create("nvidia-params", os.MFD_CLOEXEC)
-        os.write(memfd, _params_without_modify(edits.params_host_path))
-        mounts.bind(root, memfd, "/proc/driver/nvidia/params", ("ro", "nosuid", "nodev", "noexec"))
-        os.close(memfd)
+    top = root.open("/proc/driver/nvidia", os.O_PATH | os.O_DIRECTORY)
+    try:
+        _native.mount(
+            None, f"/proc/self/fd/{top}", None, mounts.remount_flags(("ro", "nosuid", "nodev", "noexec")), None
+        )
+    finally:
+        os.close(top)
 
 
-def apply_in_namespace(rootfs_path: str, edits: ContainerEdits, sources: dict[str, int], ldconfig_fd: int,
-                       proc_root: str) -> None:
+def apply_in_namespace(
+    rootfs_path: str, edits: ContainerEdits, sources: dict[str, int], ldconfig_fd: int, proc_root: str
+) -> None:
     """Everything that happens inside the container's mount namespace (the caller has joined it)."""
     os.umask(0)
     with RootFS(rootfs_path) as root:
@@ -95,8 +116,14 @@ def run_in_mount_namespace(pid: int, work: Callable[[], None], proc_root: str = 
         raise InjectionError(message or f"injection child died ({os.waitstatus_to_exitcode(status)})")
 
 
-def inject(pid: int, rootfs_path: str, edits: ContainerEdits, ldconfig_path: str, proc_root: str = "/proc",
-           host_proc_root: str = "/proc") -> None:
+def inject(
+    pid: int,
+    rootfs_path: str,
+    edits: ContainerEdits,
+    ldconfig_path: str,
+    proc_root: str = "/proc",
+    host_proc_root: str = "/proc",
+) -> None:
     """Apply `edits` to the container whose init process is `pid` (prestart: namespaces exist, no pivot yet)."""
     sources = {m.container_path: mounts.clone_source(m.host_path) for m in edits.mounts}
     ldconfig_fd = ldcache.open_ldconfig(ldconfig_path) if edits.ld_dirs else -1

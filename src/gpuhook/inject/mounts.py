@@ -15,16 +15,21 @@ from ..errors import InjectionError
 from .rootfs import RootFS
 
 MOVE_MOUNT_T_EMPTY_PATH = getattr(_native, "MOVE_MOUNT_T_EMPTY_PATH", 0x40)
-_OPTION_FLAGS = {"ro": _native.MS_RDONLY, "nosuid": _native.MS_NOSUID, "nodev": _native.MS_NODEV,
-                 "noexec": _native.MS_NOEXEC}
+_OPTION_FLAGS = {
+    "ro": _native.MS_RDONLY,
+    "nosuid": _native.MS_NOSUID,
+    "nodev": _native.MS_NODEV,
+    "noexec": _native.MS_NOEXEC,
+}
 
 
 def clone_source(host_path: str) -> int:
     """A detached copy of the mount of `host_path` (submounts too for a directory), taken in the host's
     namespace before joining the container's."""
     try:
-        return _native.open_tree(_native.AT_FDCWD, host_path,
-                                 _native.OPEN_TREE_CLONE | _native.OPEN_TREE_CLOEXEC | _native.AT_RECURSIVE)
+        return _native.open_tree(
+            _native.AT_FDCWD, host_path, _native.OPEN_TREE_CLONE | _native.OPEN_TREE_CLOEXEC | _native.AT_RECURSIVE
+        )
     except OSError as exc:
         raise InjectionError(f"cannot open host file {host_path}: {exc.strerror}") from None
 
@@ -52,7 +57,8 @@ def bind(rootfs: RootFS, tree_fd: int, container_path: str, options: tuple[str, 
         _native.mount(None, f"/proc/self/fd/{top}", None, _native.MS_PRIVATE, None)
         _native.mount(None, f"/proc/self/fd/{top}", None, remount_flags(options), None)
     except OSError as exc:
-        raise InjectionError(f"cannot remount {container_path} ({','.join(options)}) in container: "
-                             f"{exc.strerror}") from None
+        raise InjectionError(
+            f"cannot remount {container_path} ({','.join(options)}) in container: {exc.strerror}"
+        ) from None
     finally:
         os.close(top)

@@ -115,8 +115,9 @@ class RootFS:
 
     def _create(self, pfd: int, name: str, mode: int, full: str) -> int:
         try:
-            wfd = _native.openat2(pfd, name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW,
-                                  mode, RESOLVE)
+            wfd = _native.openat2(
+                pfd, name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, mode, RESOLVE
+            )
         except OSError as exc:
             raise InjectionError(f"cannot create {full} in container: {exc.strerror}") from None
         os.close(wfd)
@@ -131,8 +132,13 @@ class RootFS:
         pfd = self.mkdirs(parent)
         try:
             try:
-                fd = _native.openat2(pfd, name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
-                                     mode, RESOLVE | _native.RESOLVE_NO_SYMLINKS)
+                fd = _native.openat2(
+                    pfd,
+                    name,
+                    os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                    mode,
+                    RESOLVE | _native.RESOLVE_NO_SYMLINKS,
+                )
             except OSError as exc:
                 raise InjectionError(f"cannot write {path} in container: {exc.strerror}") from None
             try:

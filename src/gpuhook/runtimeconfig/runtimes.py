@@ -45,6 +45,8 @@ DOCKER_CONFIG = "/etc/docker/daemon.json"
 DOCKER_RUNTIME = "gpuhook"
 RUNTIME_SHIM = "gpuhook-runtime"
 PODMAN_CONFIG = "/etc/containers/containers.conf"
+PODMAN_DROPIN = "/etc/containers/containers.conf.d/99-gpuhook.conf"
+PODMAN_VENDOR_CONFIG = "/usr/share/containers/containers.conf"
 
 RESTART = {
     "containerd": "restart containerd to apply: systemctl restart containerd",
@@ -95,12 +97,12 @@ def _check_options(opts: Options) -> None:
             raise ConfigError(f"{name} must be an absolute path, not {value!r}")
 
 
-def _hook_path(opts: Options, plan: Plan) -> str:
+def _hook_path(opts: Options, result: Plan) -> str:
     """The hook to register: --hook-path, else the installed one; a missing file is worth a loud note because
     podman and CRI-O silently skip a hook whose path does not exist."""
     path = opts.hook_path or hookspec.installed_hook_path()
     if not os.path.isfile(path):
-        plan.notes.append(f"{path} does not exist (yet); runtimes skip or fail a hook whose program is missing")
+        result.notes.append(f"{path} does not exist (yet); runtimes skip or fail a hook whose program is missing")
     return path
 
 
@@ -111,9 +113,9 @@ def _load_toml(where: str) -> tuple[str, str | None, TOMLDocument]:
 
 
 def _toml_change(path: str, old: str | None, doc: TOMLDocument, backup_to: str | None = None) -> FileChange:
-    """The rendered document; an unchanged document keeps the old text exactly (so a re-run is a no-op)."""
-    new = tomlkit.dumps(doc)
-    return FileChange(path, old, new if old is None or new != old else old, backup_to)
+    """The rendered document: tomlkit renders an unedited document as the exact text it parsed, so a re-run
+    that changes no value compares equal and writes nothing."""
+    return FileChange(path, old, tomlkit.dumps(doc), backup_to)
 
 
 def _has_all(wanted: Sequence[str]) -> Callable[[Any], bool]:
@@ -136,7 +138,7 @@ def _containerd_version(where: str, doc: TOMLDocument) -> int:
             f"{where} is containerd config version 1 (no `version` line means 1), which gpuhook does not edit: "
             "upgrade it to version 2 (containerd 1.x) or 3 (containerd 2.x) first, see `containerd config default`"
         )
-    if version not in CONTAINERD_CRI or isinstance(version, bool):
+    if isinstance(version, bool) or version not in CONTAINERD_CRI:
         raise ConfigError(f"{where}: unknown containerd config version {version!r} (expected 2 or 3)")
     return int(version)
 
@@ -229,10 +231,11 @@ def _crio(opts: Options) -> Plan:
     table, _ = ensure_table(where, doc, keys)
     result = Plan("crio", opts.mode, where)
     if opts.mode == "cdi":
-        key, wanted, default = "cdi_spec_dirs", CDI_DIRS, CDI_DIRS
+        key, wanted, default = "cdi_spec_dirs", CDI_DIRS, list(CDI_DIRS)
     else:
         hooks_dir = opts.hooks_dir or DEFAULT_HOOKS_DIR
-        key, wanted, default = "hooks_dir", (hooks_dir,), (BUILTIN_HOOKS_DIR,)
+        key, wanted = "hooks_dir", (hooks_dir,)
+        default = _inherited(path, [CRIO_CONFIG], (*keys, key), (BUILTIN_HOOKS_DIR,))
         result.changes.append(_hooks_d_change(hooks_dir, _hook_path(opts, result)))
     add_items(where, table, (*keys, key), wanted, default)
     change = _toml_change(path, old, doc, _crio_backup(path))
@@ -252,7 +255,10 @@ def _crio_backup(path: str) -> str | None:
 
 
 def _podman(opts: Options) -> Plan:
-    where = opts.config or PODMAN_CONFIG
+    """containers.conf when it exists, else our own drop-in: newer podman reads /etc/containers/containers.conf
+    *instead of* the vendor's /usr/share one, so creating it could drop the vendor's settings; drop-ins
+    (containers.conf.d/*.conf) are read on top by every version."""
+    where = opts.config or (PODMAN_CONFIG if os.path.exists(PODMAN_CONFIG) else PODMAN_DROPIN)
     result = Plan("podman", opts.mode, where)
     if opts.mode == "cdi":
         result.notes.append(f"podman reads CDI specs from {' and '.join(CDI_DIRS)} without any setting "
@@ -262,12 +268,33 @@ def _podman(opts: Options) -> Plan:
     keys = ("engine", "hooks_dir")
     engine, _ = ensure_table(where, doc, keys[:1])
     hooks_dir = opts.hooks_dir or DEFAULT_HOOKS_DIR
-    add_items(where, engine, keys, (hooks_dir,), (BUILTIN_HOOKS_DIR,))
+    default = _inherited(path, [PODMAN_VENDOR_CONFIG, PODMAN_CONFIG], keys, (BUILTIN_HOOKS_DIR,))
+    add_items(where, engine, keys, (hooks_dir,), default)
     change = _toml_change(path, old, doc)
     check(where, change.new, keys, _has_all((hooks_dir,)))
     result.changes += [_hooks_d_change(hooks_dir, _hook_path(opts, result)), change]
     result.notes += _overrides(path, _dropins(path, "containers.conf.d", "*.conf"), keys)
     return result
+
+
+def _inherited(path: str, earlier: Sequence[str], keys: tuple[str, ...], default: Sequence[str]) -> list[str]:
+    """The list a new `keys` setting in `path` replaces: the last value among the files read before it (the
+    main or vendor config, when `path` is a drop-in or the /etc file), else the runtime's built-in default."""
+    value: Any = None
+    for other in earlier:
+        if os.path.realpath(other) == path:
+            break
+        value = _toml_value(other, keys) or value
+    return [str(v) for v in value] if isinstance(value, list) else list(default)
+
+
+def _toml_value(path: str, keys: tuple[str, ...]) -> Any:
+    """`keys` in a TOML file that may be absent or broken (None then): only ever used for notes and defaults."""
+    try:
+        with open(path, "rb") as file:
+            return lookup(tomllib.load(file), keys)
+    except (OSError, tomllib.TOMLDecodeError):
+        return None
 
 
 def _hooks_d_change(hooks_dir: str, hook: str) -> FileChange:
@@ -287,18 +314,10 @@ def _dropins(path: str, dirname: str, pattern: str) -> list[str]:
 
 
 def _overrides(path: str, later: Sequence[str], keys: tuple[str, ...]) -> list[str]:
-    notes = []
-    for other in later:
-        if other.endswith(BACKUP_SUFFIX) or os.path.realpath(other) == path:
-            continue
-        try:
-            with open(other, "rb") as file:
-                data: Any = tomllib.load(file)
-        except (OSError, tomllib.TOMLDecodeError):
-            continue
-        if lookup(data, keys) is not None:
-            notes.append(f"{other} also sets {dotted(keys)} and is read later, so it wins: edit or remove it there")
-    return notes
+    return [f"{other} also sets {dotted(keys)} and is read later, so it wins: edit or remove it there"
+            for other in later
+            if not other.endswith(BACKUP_SUFFIX) and os.path.realpath(other) != path
+            and _toml_value(other, keys) is not None]
 
 
 # --- Docker -----------------------------------------------------------------------------------------------
