@@ -111,6 +111,7 @@ def test_one_gpu_by_index(e2e: Path, fake_driver: Any) -> None:
     assert {"libcuda.so.1", "libnvidia-ml.so.1"} <= entries
     log = (e2e / "gpuhook.log").read_text().splitlines()
     assert len(log) == 1 and " inject devices=" in log[0] and "took=" in log[0]
+    assert log[0].split()[1].startswith("hook-")  # the container id
 
 
 def test_all_gpus(e2e: Path, fake_driver: Any) -> None:

@@ -122,7 +122,7 @@ def _run_container(work: Path, root: Path) -> None:
 @click.option("--keep", is_flag=True, help="Keep the temp dir (printed) for a look around.")
 def demo(gpus: int, keep: bool) -> None:
     """The real pipeline (discovery, CDI, the prestart hook in runc) on a simulated driver."""
-    from .cdi.codec import dump_yaml
+    from .cdi.codec import dumps
     from .cdi.spec import build_spec
     from .cdi.validate import validate_spec
     from .discover import Roots, discover
@@ -141,7 +141,7 @@ def demo(gpus: int, keep: bool) -> None:
         hook_path = str(Path(sys.executable).with_name("gpuhook"))
         spec = build_spec(inv, hook_path=hook_path)
         problems = validate_spec(spec, "nvidia.yaml")
-        (work / "nvidia.yaml").write_text(dump_yaml(spec))
+        (work / "nvidia.yaml").write_text(dumps(spec))
         names = [f"{spec['kind']}={d['name']}" for d in spec["devices"]]
         click.echo(f"cdiVersion {spec['cdiVersion']}, {len(names)} devices: {' '.join(names)}")
         click.echo(f"validation: {'OK' if not problems else '; '.join(problems)}  (spec: {work}/nvidia.yaml)")

@@ -56,7 +56,7 @@ def run(state_text: bytes, config) -> str:  # type: ignore[no-untyped-def]
     notes = "".join(f" ({n})" for n in request.notes)
     if not request.wants_gpu_setup:
         return f"{state.id} skip request={request.kind}{notes}"
-    return _inject(config, state.pid, bundle.rootfs, request) + notes
+    return f"{state.id} " + _inject(config, state.pid, bundle.rootfs, request) + notes
 
 
 def _inject(config, pid: int, rootfs: str, request) -> str:  # type: ignore[no-untyped-def]
