@@ -6,7 +6,8 @@ Where each setting lives (see runtime-config/README.md for the sources):
   `plugins."io.containerd.cri.v1.runtime"`; CDI is `enable_cdi` + `cdi_spec_dirs` there (containerd >= 1.7);
   the hook goes into the `base_runtime_spec` of the default runtime (containerd 1.6 has no CDI, no hooks dir).
 - CRI-O: `[crio.runtime]` `cdi_spec_dirs` and `hooks_dir` (oci-hooks(5) files).
-- Docker: daemon.json `"features": {"cdi": true}` (Docker >= 25); before that only a `"runtimes"` shim.
+- Docker: daemon.json `"features": {"cdi": true}` (Docker >= 25); before that only a `"runtimes"` entry for the
+  gpuhook-runtime shim (a runc wrapper that writes the GPU edits into config.json).
 - podman: `[engine] hooks_dir` in containers.conf; CDI dirs /etc/cdi and /var/run/cdi are read by default.
 """
 
@@ -343,8 +344,8 @@ def _docker(opts: Options) -> Plan:
         changed = entry.get("path") != shim
         entry["path"] = shim
         if not os.path.isfile(shim):
-            result.notes.append(f"{shim} does not exist: Docker needs a runc wrapper that adds the hook "
-                                "(Docker has no hooks directory)")
+            result.notes.append(f"{shim} does not exist: Docker has no hooks directory, so GPUs get in through "
+                                f"{RUNTIME_SHIM}, the runc wrapper installed with gpuhook beside gpuhook-hook")
         result.notes.append(f"containers get the hook with `docker run --runtime {DOCKER_RUNTIME}`, or for every "
                             f'container with `"default-runtime": "{DOCKER_RUNTIME}"` in {where}')
     new = hookspec.render_json(data) if changed or old is None else old
