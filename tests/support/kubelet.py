@@ -29,6 +29,7 @@ KUBELET_SOCKET = "kubelet.sock"
 class Registration:
     request: pb.RegisterRequest
     options: pb.DevicePluginOptions | None  # what the plugin answered when dialled back
+    generation: int = 0  # which start() of the test kubelet it reached
     at: float = field(default_factory=time.monotonic)
 
 
@@ -134,7 +135,7 @@ class _Registration(pb_grpc.RegistrationServicer):
                 client.close()
                 context.abort(grpc.StatusCode.UNAVAILABLE, f"cannot dial plugin {request.endpoint}: {exc.code()}")
             k._attach(request.resource_name, client)
-        k._record(Registration(request, options))
+        k._record(Registration(request, options, k.generation))
         return pb.Empty()
 
 
@@ -153,6 +154,7 @@ class TestKubelet:
         self.streams: dict[str, Stream] = {}
         self._cond = threading.Condition()
         self._server: grpc.Server | None = None
+        self.generation = 0
 
     @property
     def socket(self) -> str:
@@ -160,6 +162,7 @@ class TestKubelet:
 
     def start(self) -> TestKubelet:
         os.makedirs(self.directory, exist_ok=True)
+        self.generation += 1
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         pb_grpc.add_RegistrationServicer_to_server(_Registration(self), server)
         server.add_insecure_port(f"unix://{self.socket}")
@@ -208,16 +211,19 @@ class TestKubelet:
             self._cond.notify_all()
         self.events.put(reg)
 
-    def wait_registrations(self, count: int, timeout: float = 10.0) -> list[Registration]:
+    def wait_registrations(self, count: int, timeout: float = 10.0, current: bool = True) -> list[Registration]:
+        """The first `count` registrations this kubelet (since its last start, unless current=False) received."""
         deadline = time.monotonic() + timeout
         with self._cond:
-            while len(self.registrations) < count:
+            while True:
+                got = [r for r in self.registrations if not current or r.generation == self.generation]
+                if len(got) >= count:
+                    return got
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    got = [(r.request.resource_name, r.request.endpoint) for r in self.registrations]
-                    raise AssertionError(f"expected {count} registrations in {timeout}s, got {got}")
+                    names = [(r.request.resource_name, r.request.endpoint, r.generation) for r in self.registrations]
+                    raise AssertionError(f"expected {count} registrations in {timeout}s, got {names}")
                 self._cond.wait(left)
-            return list(self.registrations)
 
     def client(self, resource: str = "nvidia.com/gpu") -> PluginClient:
         return self.clients[resource]
@@ -262,7 +268,8 @@ class PluginProcess:
         self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
     def log(self) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         with open(self.log_path, encoding="utf-8") as f:
             return f.read()
 

@@ -18,6 +18,7 @@ from ..errors import DiscoveryError
 from .inventory import normalize_bus_id
 
 _lock = threading.Lock()
+LOCK_TIMEOUT_S = 30.0
 
 BRANDS: dict[int, str] = {
     0: "unknown",
@@ -87,7 +88,9 @@ def bound_nvml(library_path: str) -> Iterator[Any]:
     """pynvml, initialised against exactly `library_path`, shut down and unbound afterwards."""
     import pynvml
 
-    with _lock:
+    if not _lock.acquire(timeout=LOCK_TIMEOUT_S):
+        raise DiscoveryError(f"NVML is in use by another thread of this process for over {LOCK_TIMEOUT_S:.0f} s")
+    try:
         try:
             lib = ctypes.CDLL(library_path)
         except OSError as exc:
@@ -108,6 +111,8 @@ def bound_nvml(library_path: str) -> Iterator[Any]:
             pynvml.nvmlLib = None
             pynvml._nvmlGetFunctionPointer_cache.clear()
             pynvml._nvmlLib_refcount = 0
+    finally:
+        _lock.release()
 
 
 def _cuda_version(nv: Any) -> str:

@@ -159,13 +159,14 @@ class Plugin:
                 now = _identity(self.kubelet_socket)
                 restarted = now is not None and now != kubelet
                 kubelet = now
-                self.check(restarted)
+                self.check(now[2] if restarted and now else None)
         finally:
             self.shutdown()
             self.watcher.close()
 
-    def check(self, kubelet_restarted: bool) -> None:
-        """Serve again where our socket vanished; register again where kubelet came back or we re-served."""
+    def check(self, kubelet_since_ns: int | None) -> None:
+        """Serve again where our socket vanished; register again where we re-served or kubelet came back
+        (`kubelet_since_ns`: the new kubelet.sock's ctime) unless a registration already reached the new one."""
         for s in self.served:
             if not s.endpoint.socket_intact():
                 log.warning("%s: socket %s gone: serving again", s.resource.name, s.endpoint.path)
@@ -173,7 +174,7 @@ class Plugin:
                 s.service.stopped.clear()
                 s.endpoint.start()
                 s.registrar.request()
-            elif kubelet_restarted:
+            elif kubelet_since_ns is not None and not s.registrar.registered_since(kubelet_since_ns):
                 log.warning("%s: kubelet.sock recreated: registering again", s.resource.name)
                 s.registrar.request()
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import grpc
 
@@ -48,6 +49,8 @@ class Registrar:
         self._done = 0  # generation registered
         self._stopped = False
         self.registrations = 0
+        self.last_success_ns = 0  # wall clock (ns) at which the last successful attempt started
+        self._inflight_ns = 0  # start of the attempt under way for the newest generation, 0 when none
         self._thread = threading.Thread(target=self._run, name=f"gpuhook-register-{resource_name}", daemon=True)
         self._thread.start()
 
@@ -60,11 +63,18 @@ class Registrar:
         with self._cond:
             self._stopped = True
             self._cond.notify_all()
-        self._thread.join(CALL_TIMEOUT + 1)
+        self._thread.join(1.0)  # a daemon thread: a Register call kubelet never answers must not hold up exit
 
     def registered(self) -> bool:
         with self._cond:
             return self._done == self._wanted and self._done > 0
+
+    def registered_since(self, wall_ns: int) -> bool:
+        """True when an attempt begun at or after `wall_ns` succeeded and nothing newer is pending."""
+        with self._cond:
+            if self._done == self._wanted:
+                return self.last_success_ns >= wall_ns
+            return self._inflight_ns >= wall_ns  # an attempt begun after kubelet came back is on its way
 
     def _run(self) -> None:
         delay = FIRST_DELAY
@@ -76,9 +86,12 @@ class Registrar:
                 if self._stopped:
                     return
                 generation = self._wanted
+                started_ns = self._inflight_ns = time.time_ns()
             try:
                 register(self.kubelet_socket, self.endpoint, self.resource_name)
             except grpc.RpcError as exc:
+                with self._cond:
+                    self._inflight_ns = 0
                 failures += 1
                 if failures == 1 or failures % 50 == 0:
                     log.warning("registering %s with %s failed (%s attempt(s)): %s", self.resource_name,
@@ -90,8 +103,10 @@ class Registrar:
                     delay = FIRST_DELAY if self._wanted != generation else min(delay * 2, MAX_DELAY)
                 continue
             with self._cond:
+                self._inflight_ns = 0
                 self._done = max(self._done, generation)
                 self.registrations += 1
+                self.last_success_ns = max(self.last_success_ns, started_ns)
             delay, failures = FIRST_DELAY, 0
             log.info("registered %s with kubelet (endpoint %s)", self.resource_name, self.endpoint)
 

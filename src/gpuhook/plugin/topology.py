@@ -98,24 +98,34 @@ class Chooser:
         by_numa: dict[int, list[str]] = {}
         for d in pool:
             by_numa.setdefault(self._place(d).numa, []).append(d)
-        must_numas = {self._place(d).numa for d in must}
-        fitting = [n for n, ds in by_numa.items() if len(ds) >= need]
-        if fitting:
-            # One node: the must-include devices' node, else the tightest fit, else the lowest node id.
-            best = min(fitting, key=lambda n: (n not in must_numas, len(by_numa[n]), n))
-            return self._closest(by_numa[best], must, need)
-        # Spread over the fewest nodes: must-include nodes first, then the fullest, each closest first.
         picked: list[str] = []
-        for n in sorted(by_numa, key=lambda n: (n not in must_numas, -len(by_numa[n]), n)):
-            picked += self._closest(by_numa[n], must + picked, min(need - len(picked), len(by_numa[n])))
+        # 1. The must-include devices' nodes first: the whole allocation as close to them as it can be.
+        for n in sorted({self._place(d).numa for d in must} & by_numa.keys()):
+            picked += self._closest(by_numa.pop(n), self._on(n, must), need - len(picked))
+            if len(picked) == need:
+                return sorted(picked, key=self._rank)
+        # 2. One node that holds the rest: the tightest fit (keeps bigger nodes whole), then the lowest id.
+        rest = need - len(picked)
+        fitting = [n for n, ds in by_numa.items() if len(ds) >= rest]
+        if fitting:
+            best = min(fitting, key=lambda n: (len(by_numa[n]), n))
+            return sorted(picked + self._closest(by_numa[best], self._on(best, must), rest), key=self._rank)
+        # 3. Spread over the fewest nodes: the fullest first.
+        for n in sorted(by_numa, key=lambda n: (-len(by_numa[n]), n)):
+            picked += self._closest(by_numa[n], self._on(n, must + picked), need - len(picked))
             if len(picked) == need:
                 break
-        return picked
+        return sorted(picked, key=self._rank)
+
+    def _on(self, numa: int, ids: list[str]) -> list[str]:
+        return [i for i in ids if self._place(i).numa == numa]
 
     def _closest(self, candidates: list[str], anchors: list[str], need: int) -> list[str]:
         """`need` of `candidates` closest on the PCI tree to the anchors, else the tightest run of bus ids."""
         if need <= 0:
             return []
+        if need >= len(candidates):
+            return list(candidates)
         buses = {d: self._place(d).bus for d in candidates}
         if anchors:
             anchor_buses = [self._place(a).bus for a in anchors]
