@@ -48,6 +48,7 @@ class LazyGroup(click.Group):
         "hook": ".hook_cli:hook",
         "runtime": ".runtimeconfig:runtime",
         "device-plugin": ".plugin.cli:device_plugin",
+        "doctor": ".doctor.cli:doctor",
     }
 
     def list_commands(self, ctx: click.Context) -> list[str]:

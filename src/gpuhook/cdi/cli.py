@@ -44,22 +44,38 @@ def default_hook_path() -> str:
               help="gpuhook executable the spec's hooks run [default: the installed gpuhook].")
 @click.option("--cdi-version", default=None, metavar="X.Y.Z",
               help="Claim this cdiVersion (may raise the computed minimum, never lower it).")
+@click.option("--watch", is_flag=True,
+              help="Keep running: rewrite --output (atomically) whenever the driver version, GPU set or MIG layout "
+                   "changes; SIGTERM/SIGINT stop, SIGHUP regenerates now.")
+@click.option("--poll-interval", type=click.FloatRange(min=0.05), default=10.0, show_default=True, metavar="S",
+              help="With --watch: also check every S seconds (procfs changes send no inotify events).")
 def generate_cdi(driver_root: str, dev_root: str | None, proc_root: str | None, discovery: str,
                  output: str | None, fmt: str | None, vendor: str, cls: str, strategies: tuple[str, ...],
-                 hook_path: str | None, cdi_version: str | None) -> None:
+                 hook_path: str | None, cdi_version: str | None, watch: bool, poll_interval: float) -> None:
     """Write a CDI spec for every GPU and MIG device the driver offers (plus `all`)."""
     from . import codec
     from .spec import build_spec
     from .validate import validate_spec
 
     hook = os.path.abspath(hook_path) if hook_path else default_hook_path()
-    inv = load_inventory(driver_root, dev_root, proc_root, discovery)
-    spec = build_spec(inv, vendor=vendor, cls=cls, name_strategies=strategies or DEFAULT_NAME_STRATEGIES,
-                      hook_path=hook, cdi_version=cdi_version)
-    problems = validate_spec(spec, "generated spec")
-    if problems:  # a bug here, never the user's: refuse to write a spec runtimes would reject
-        raise CdiError(f"refusing to write an invalid spec: {problems[0]}")
-    text = codec.dumps(spec, codec.format_for(output, fmt))
+
+    def render(inv, devices=None) -> str:  # type: ignore[no-untyped-def]
+        spec = build_spec(inv, vendor=vendor, cls=cls, name_strategies=strategies or DEFAULT_NAME_STRATEGIES,
+                          hook_path=hook, devices=devices, cdi_version=cdi_version)
+        problems = validate_spec(spec, "generated spec")
+        if problems:  # a bug here, never the user's: refuse to write a spec runtimes would reject
+            raise CdiError(f"refusing to write an invalid spec: {problems[0]}")
+        return codec.dumps(spec, codec.format_for(output, fmt))
+
+    if watch:
+        if output is None:
+            raise click.UsageError("--watch needs --output FILE")
+        from ..discover import Roots
+        from ..watch import watch_spec
+
+        roots = Roots.make(driver_root, dev_root, proc_root)
+        raise SystemExit(watch_spec(roots, output, render, method=discovery, poll_interval=poll_interval))
+    text = render(load_inventory(driver_root, dev_root, proc_root, discovery))
     if output is None:
         click.echo(text, nl=False)
         return

@@ -1,0 +1,246 @@
+"""One container, step by step: what gpuhook would inject and why, or why nothing.
+
+The steps are the hook's own (hook.run / shim.prepare): request.parse_request with the config's policy,
+select.resolve, require.check, edits.plan. Each is called as they call it; doctor only words the outcome.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import driverfiles as catalogue
+from .. import require
+from ..config import Config
+from ..discover.inventory import Gpu, Inventory, MigDevice
+from ..edits import plan
+from ..errors import RequestError, RequirementError
+from ..report import edits_to_dict, format_edits
+from ..request import (
+    CDI_ANNOTATION_PREFIX,
+    DISABLE_REQUIRE,
+    REQUIRE_PREFIX,
+    VISIBLE_DEVICES,
+    VOLUME_MOUNT_DIR,
+    Request,
+    env_map,
+    is_privileged,
+    parse_request,
+)
+from ..select import all_devices, find_device, resolve
+from .model import INFO, OK, PROBLEM, Finding
+
+NVIDIA_MAJOR = 195
+SHOWN_ENV = ("NVIDIA_", "CUDA_VERSION")
+
+
+@dataclass(frozen=True)
+class ContainerInput:
+    """What the hook reads from a bundle: env, mounts, annotations, privilege; plus the nodes config.json has."""
+
+    origin: str
+    env: tuple[str, ...] = ()
+    mounts: tuple[Mapping[str, Any], ...] = ()
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    privileged: bool = False
+    config_devices: tuple[Mapping[str, Any], ...] = ()
+
+
+def from_bundle(path: str) -> ContainerInput:
+    from ..oci.bundle import load_bundle
+
+    bundle = load_bundle(path)
+    linux = bundle.config.get("linux")
+    devices = linux.get("devices") if isinstance(linux, dict) else None
+    return ContainerInput(f"bundle {path}", tuple(bundle.env), tuple(bundle.mounts), bundle.annotations,
+                          is_privileged(bundle.process),
+                          tuple(d for d in devices if isinstance(d, dict)) if isinstance(devices, list) else ())
+
+
+def from_env(env: Sequence[str], annotations: Mapping[str, str] | None = None, privileged: bool = False,
+             device_mounts: Sequence[str] = ()) -> ContainerInput:
+    mounts = tuple({"destination": f"{VOLUME_MOUNT_DIR}/{d}", "source": "/dev/null", "type": "bind"}
+                   for d in device_mounts)
+    return ContainerInput("--env", tuple(env), mounts, dict(annotations or {}), privileged)
+
+
+def describe(device: Gpu | MigDevice) -> str:
+    if isinstance(device, Gpu):
+        extra = ", ".join(x for x in (device.uuid, device.pci_bus_id) if x)
+        return f"GPU {device.index}" + (f" ({extra})" if extra else "")
+    return f"MIG device {device.name}" + (f" ({device.uuid}, {device.profile})" if device.uuid else "")
+
+
+def _names(inv: Inventory) -> list[str]:
+    out: list[str] = []
+    for d in all_devices(inv):
+        out += [d.name if isinstance(d, MigDevice) else str(d.index)] + ([d.uuid] if d.uuid else [])
+    return out + ["all", "none"]
+
+
+class _Steps:
+    def __init__(self) -> None:
+        self.findings: list[Finding] = []
+        self.n = 0
+
+    def add(self, status: str, message: str, fix: str = "", detail: Sequence[str] = ()) -> None:
+        self.n += 1
+        self.findings.append(Finding("container", status, f"{self.n}. {message}", fix, tuple(detail)))
+
+
+def _input_line(inp: ContainerInput) -> str:
+    shown = [e for e in inp.env if e.startswith(SHOWN_ENV)]
+    parts = [", ".join(shown) if shown else "no NVIDIA_* variables"]
+    devices = [m.get("destination") for m in inp.mounts
+               if str(m.get("destination", "")).startswith(VOLUME_MOUNT_DIR + "/")]
+    if devices:
+        parts.append("device mounts " + ", ".join(map(str, devices)))
+    cdi = {k: v for k, v in inp.annotations.items() if k.startswith(CDI_ANNOTATION_PREFIX)}
+    if cdi:
+        parts.append("annotations " + ", ".join(f"{k}={v}" for k, v in cdi.items()))
+    parts.append("privileged (CAP_SYS_ADMIN)" if inp.privileged else "unprivileged")
+    return f"container ({inp.origin}): " + "; ".join(parts)
+
+
+def _request_fix(message: str) -> str:
+    if "capability" in message:
+        return (f"set NVIDIA_DRIVER_CAPABILITIES to a comma list of {', '.join(catalogue.CAPABILITIES)} or all "
+                "(or add the capability to supported-capabilities in the config)")
+    if "privileged" in message:
+        return "run the container with CAP_SYS_ADMIN, or drop NVIDIA_MIG_CONFIG_DEVICES/NVIDIA_MIG_MONITOR_DEVICES"
+    return "correct the variable named above"
+
+
+def _why_nothing(steps: _Steps, request: Request, inp: ContainerInput, config: Config) -> str:
+    """Report a request that gets nothing; returns the outcome word."""
+    gpu_nodes = [d.get("path") for d in inp.config_devices if d.get("major") == NVIDIA_MAJOR]
+    env = env_map(inp.env)
+    if request.notes:
+        other = ("a device mount at /var/run/nvidia-container-devices/<id> or a cdi.k8s.io/ annotation"
+                 if config.accept_volume_mounts else "a cdi.k8s.io/ annotation")
+        steps.add(PROBLEM, f"no GPU: {'; '.join(request.notes)} (policy of {config.source})",
+                  f"request the GPUs with {other}, or set accept-envvar-unprivileged = true in {config.source}")
+        return "nothing"
+    if request.kind == "void":
+        value = env.get(VISIBLE_DEVICES, "")
+        if gpu_nodes:
+            steps.add(OK, f"{VISIBLE_DEVICES}={value!r} and config.json already has {', '.join(map(str, gpu_nodes))}: "
+                          "a CDI runtime or gpuhook-runtime applied the edits; the hook stays out")
+            return "applied"
+        steps.add(PROBLEM, f"no GPU: {VISIBLE_DEVICES} is {'void' if value.strip() else 'empty'}, which means "
+                           "'leave this container untouched' (CDI specs set it so that no hook injects twice)",
+                  f"{VISIBLE_DEVICES}=all (or the GPUs it should get)")
+        return "nothing"
+    if "CUDA_VERSION" in env:
+        why = (f"{VISIBLE_DEVICES} is unset (CUDA_VERSION is set, but with NVIDIA_REQUIRE_CUDA, which makes it no "
+               "legacy CUDA image)")
+    else:
+        why = f"{VISIBLE_DEVICES} is unset (and CUDA_VERSION is not: no legacy CUDA image either)"
+    steps.add(PROBLEM, f"no GPU: {why}: gpuhook does not treat it as a GPU container",
+              f"{VISIBLE_DEVICES}=all (or the GPUs it should get)")
+    return "nothing"
+
+
+def _request_line(request: Request) -> str:
+    what = {"all": "every GPU", "none": "no GPU, only the driver files and control nodes"}.get(
+        request.kind, ", ".join(request.devices))
+    source = {"env": f"from {VISIBLE_DEVICES}", "volume-mounts": "from device volume mounts (they win over the env)",
+              "cdi-annotations": "from cdi.k8s.io/ annotations (they win over mounts and env)",
+              "legacy-image": "a legacy CUDA image (CUDA_VERSION without NVIDIA_REQUIRE_CUDA) means all GPUs"
+              }.get(request.source, request.source)
+    mig = [n for n, on in (("MIG config", request.mig_config), ("MIG monitor", request.mig_monitor)) if on]
+    return f"request: {what} ({source})" + (f"; plus {' and '.join(mig)} capability nodes" if mig else "")
+
+
+def _selection_line(inv: Inventory, request: Request, devices: Sequence[Gpu | MigDevice]) -> tuple[str, list[str]]:
+    if request.kind == "none":
+        return "devices: none", []
+    lines = []
+    if request.kind == "all":
+        for gpu in inv.gpus:
+            if gpu.mig_enabled and gpu.mig_devices:
+                lines.append(f"all: GPU {gpu.index} is in MIG mode, so it contributes its MIG devices "
+                             f"{', '.join(m.name for m in gpu.mig_devices)}")
+    else:
+        for ident in request.devices:
+            found = find_device(inv, ident)
+            if found is not None:
+                lines.append(f"{ident!r} → {describe(found)}")
+    return "devices: " + "; ".join(describe(d) for d in devices), lines
+
+
+def _capability_line(request: Request, env: Mapping[str, str]) -> str:
+    caps = sorted(request.capabilities)
+    expanded = sorted(catalogue.expand_capabilities(request.capabilities) - request.capabilities)
+    source = "NVIDIA_DRIVER_CAPABILITIES" if env.get("NVIDIA_DRIVER_CAPABILITIES", "").strip() else "default"
+    extra = f" (which bring {', '.join(expanded)} too)" if expanded else ""
+    return f"capabilities: {', '.join(caps)} ({source}){extra}"
+
+
+def explain(inp: ContainerInput, inv: Inventory | None, config: Config) -> tuple[list[Finding], dict[str, Any]]:
+    """Findings for each step and a JSON summary: outcome inject | applied | nothing | fail."""
+    steps = _Steps()
+    summary: dict[str, Any] = {"origin": inp.origin, "outcome": "fail", "request": None, "devices": [], "edits": None}
+    steps.add(INFO, _input_line(inp))
+    env = env_map(inp.env)
+    try:
+        request = parse_request(inp.env, inp.mounts, inp.annotations, inp.privileged, config.policy)
+    except RequestError as exc:
+        steps.add(PROBLEM, f"the start would fail: {exc}", _request_fix(str(exc)))
+        return steps.findings, summary
+    summary["request"] = {"kind": request.kind, "devices": list(request.devices), "source": request.source,
+                          "capabilities": sorted(request.capabilities), "requirements": list(request.requirements),
+                          "notes": list(request.notes)}
+    if not request.wants_gpu_setup:
+        summary["outcome"] = _why_nothing(steps, request, inp, config)
+        return steps.findings, summary
+    steps.add(OK, _request_line(request))
+    if inv is None:
+        steps.add(PROBLEM, "the start would fail: no NVIDIA driver found (see host)", "see the host section")
+        return steps.findings, summary
+    try:
+        selection = resolve(inv, request)
+    except RequestError as exc:
+        steps.add(PROBLEM, f"the start would fail: {exc}",
+                  f"{VISIBLE_DEVICES}=<comma list of: {', '.join(_names(inv))}>")
+        return steps.findings, summary
+    line, detail = _selection_line(inv, request, selection.devices)
+    steps.add(OK, line, detail=detail)
+    summary["devices"] = [describe(d) for d in selection.devices]
+    steps.add(OK, _capability_line(request, env))
+    failed = _requirements(steps, inv, request, env, selection.devices)
+    if failed:
+        return steps.findings, summary
+    edits = plan(inv, selection)
+    summary["edits"] = edits_to_dict(edits)
+    summary["outcome"] = "inject"
+    steps.add(OK, f"gpuhook would inject {len(edits.device_nodes)} device node(s), {len(edits.mounts)} mount(s), "
+                  f"{len(edits.symlinks)} link(s) and an ld cache for {', '.join(edits.ld_dirs) or 'nothing'}",
+              detail=format_edits(edits).splitlines())
+    return steps.findings, summary
+
+
+def _requirements(steps: _Steps, inv: Inventory, request: Request, env: Mapping[str, str],
+                  devices: Sequence[Gpu | MigDevice]) -> bool:
+    """One step per constraint (require.check on each alone, so every unmet one is named); True if one fails."""
+    asked = [k for k in env if k.startswith(REQUIRE_PREFIX) and k != "NVIDIA_REQUIRE_JETPACK" and env[k].strip()]
+    if asked and not request.requirements:
+        why = DISABLE_REQUIRE if env.get(DISABLE_REQUIRE) else "disable-require in the config"
+        steps.add(INFO, f"requirements {', '.join(asked)} not checked ({why})")
+        return False
+    failed = False
+    for constraint in request.requirements:
+        try:
+            require.check(inv, (constraint,), tuple(devices))
+        except RequirementError as exc:
+            failed = True
+            steps.add(PROBLEM, f"the start would fail: {exc}",
+                      f"a driver that meets it, or {DISABLE_REQUIRE}=true to start without the check")
+        except RequestError as exc:
+            failed = True
+            steps.add(PROBLEM, f"the start would fail: {exc}", "correct the NVIDIA_REQUIRE_* value")
+        else:
+            steps.add(OK, f"requirement {constraint!r} is met (cuda {inv.cuda_version or '?'}, "
+                          f"driver {inv.driver_version})")
+    return failed

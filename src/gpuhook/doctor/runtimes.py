@@ -1,0 +1,351 @@
+"""Each installed runtime's way to GPUs: CDI (enabled, reading a current spec), the prestart hook, or the shim.
+
+A runtime is fine when at least one way works; otherwise the finding names the one `gpuhook` command that sets
+one up (`gpuhook runtime configure …` or `gpuhook generate-cdi …`). Config locations and names are
+`gpuhook.runtimeconfig`'s where that module is installed, so doctor checks what `runtime configure` writes.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..cdi import version as cdi_version
+from ..cdi.registry import DEFAULT_SPEC_DIRS
+from ..shim import has_gpuhook_hook
+from .model import INFO, OK, PROBLEM, WARN, Finding
+from .specs import SpecStatus
+
+try:  # another front door's constants, when it is there (it is optional for doctor)
+    from ..runtimeconfig import runtimes as _rc
+
+    CONTAINERD_CONFIG: str = _rc.CONTAINERD_CONFIG
+    CRIO_CONFIG: str = _rc.CRIO_CONFIG
+    DOCKER_CONFIG: str = _rc.DOCKER_CONFIG
+    PODMAN_CONFIG: str = _rc.PODMAN_CONFIG
+    PODMAN_VENDOR_CONFIG: str = _rc.PODMAN_VENDOR_CONFIG
+    HOOKS_DIRS: tuple[str, ...] = (_rc.BUILTIN_HOOKS_DIR, _rc.DEFAULT_HOOKS_DIR)
+except ImportError:  # pragma: no cover
+    CONTAINERD_CONFIG = "/etc/containerd/config.toml"
+    CRIO_CONFIG = "/etc/crio/crio.conf"
+    DOCKER_CONFIG = "/etc/docker/daemon.json"
+    PODMAN_CONFIG = "/etc/containers/containers.conf"
+    PODMAN_VENDOR_CONFIG = "/usr/share/containers/containers.conf"
+    HOOKS_DIRS = ("/usr/share/containers/oci/hooks.d", "/etc/containers/oci/hooks.d")
+
+RUNTIMES = ("runc", "podman", "containerd", "crio", "docker")
+BINARIES = {"runc": "runc", "podman": "podman", "containerd": "containerd", "crio": "crio", "docker": "dockerd"}
+SHIM = "gpuhook-runtime"
+CONTAINERD_CRI = {1: ("plugins", "cri"), 2: ("plugins", "io.containerd.grpc.v1.cri"),
+                  3: ("plugins", "io.containerd.cri.v1.runtime")}
+PODMAN_MAX_CDI = {(4, 3): "0.5.0"}  # podman 4.3 vendors CDI 0.5.x: it drops specs claiming a later version
+Version = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Where each runtime keeps its configuration (tests point these into a temporary directory);
+    `generate_flags`: the root options a `gpuhook generate-cdi` fix needs on this host."""
+
+    generate_flags: str = ""
+    spec_dirs: tuple[str, ...] = DEFAULT_SPEC_DIRS  # where a runtime left at its defaults reads CDI specs
+    containerd_config: str = CONTAINERD_CONFIG
+    crio_config: str = CRIO_CONFIG
+    docker_config: str = DOCKER_CONFIG
+    podman_configs: tuple[str, ...] = (PODMAN_VENDOR_CONFIG, PODMAN_CONFIG)
+    hooks_dirs: tuple[str, ...] = HOOKS_DIRS
+
+    @property
+    def cdi_fix(self) -> str:
+        return f"gpuhook generate-cdi{self.generate_flags} --output {self.spec_dirs[0]}/nvidia.yaml"
+
+    @property
+    def crio_dropins(self) -> str:
+        return os.path.join(os.path.dirname(self.crio_config), "crio.conf.d")
+
+    @property
+    def podman_dropins(self) -> str:
+        return os.path.join(os.path.dirname(self.podman_configs[-1]), "containers.conf.d")
+
+
+def _f(status: str, message: str, fix: str = "") -> Finding:
+    return Finding("runtimes", status, message, fix)
+
+
+def installed() -> list[str]:
+    return [name for name in RUNTIMES if shutil.which(BINARIES[name])]
+
+
+def version_of(binary: str) -> Version | None:
+    """`<binary> --version`'s first x.y[.z] (containerd says v1.7.2, Docker 24.0.5, podman 4.3.1)."""
+    path = shutil.which(binary)
+    if path is None:
+        return None
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return parse_version(out)
+
+
+def parse_version(text: str) -> Version | None:
+    match = re.search(r"(?:^|[\s/])v?(\d+)\.(\d+)(?:\.(\d+))?", text)
+    return tuple(int(g) for g in match.groups() if g is not None) if match else None
+
+
+def _vtext(ver: Version | None) -> str:
+    return ".".join(map(str, ver)) if ver else "(version unknown)"
+
+
+def _toml(path: str) -> tuple[dict[str, Any] | None, str]:
+    """(data, error); data None when absent."""
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f), ""
+    except FileNotFoundError:
+        return None, ""
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        return None, f"cannot parse {path}: {exc}"
+
+
+def _json(path: str) -> tuple[dict[str, Any] | None, str]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        return None, ""
+    except (OSError, ValueError) as exc:
+        return None, f"cannot parse {path}: {exc}"
+    return (data, "") if isinstance(data, dict) else (None, f"{path} is not a JSON object")
+
+
+def _get(data: Any, keys: Sequence[str]) -> Any:
+    for key in keys:
+        if not isinstance(data, dict):
+            return None
+        data = data.get(key)
+    return data
+
+
+def _executable(path: str) -> bool:
+    return os.path.isfile(path) and os.access(path, os.X_OK)
+
+
+def installed_tools() -> dict[str, str]:
+    """gpuhook's own programs: beside this interpreter (a venv's bin), else on PATH; '' when not found."""
+    out = {}
+    for name in ("gpuhook", "gpuhook-hook", SHIM):
+        beside = os.path.join(os.path.dirname(os.path.abspath(sys.executable)), name)
+        found = shutil.which(name)
+        out[name] = beside if _executable(beside) else os.path.abspath(found) if found else ""
+    return out
+
+
+# --- hooks directories (podman, CRI-O) ----------------------------------------------------------------------
+
+
+def gpuhook_hook_files(dirs: Sequence[str]) -> list[tuple[str, str]]:
+    """(oci-hooks file, program it runs) for every gpuhook hook in `dirs`."""
+    found = []
+    for folder in dirs:
+        for path in sorted(glob.glob(os.path.join(folder, "*.json"))):
+            data, _ = _json(path)
+            hook = _get(data, ("hook",))
+            if isinstance(hook, dict) and has_gpuhook_hook({"hooks": {"prestart": [hook]}}):
+                found.append((path, str(hook.get("path", ""))))
+    return found
+
+
+def _hook_findings(label: str, dirs: Sequence[str], configure: str) -> tuple[bool, list[Finding]]:
+    hooks = gpuhook_hook_files(dirs)
+    out = []
+    works = False
+    for path, program in hooks:
+        if _executable(program):
+            works = True
+            out.append(_f(OK, f"{label}: prestart hook {program} from {path}"))
+        else:
+            out.append(_f(PROBLEM, f"{label}: {path} runs {program}, which does not exist: the hook is skipped "
+                                   "silently", configure))
+    return works, out
+
+
+def _cdi_findings(label: str, dirs: Sequence[str], specs: SpecStatus, max_version: str | None = None
+                  ) -> tuple[bool, list[Finding]]:
+    files = specs.gpu_specs(dirs)
+    out = []
+    works = False
+    for path in files:
+        claimed = str(specs.loaded.get(path, {}).get("cdiVersion", ""))
+        if max_version and cdi_version.is_known(claimed) and cdi_version.key(claimed) > cdi_version.key(max_version):
+            out.append(_f(PROBLEM, f"{label}: {path} claims cdiVersion {claimed}, {label} reads at most "
+                                   f"{max_version}", f"gpuhook generate-cdi --output {path}"))
+        elif path in specs.current:
+            works = True
+            out.append(_f(OK, f"{label}: CDI devices nvidia.com/gpu=… from {path}"))
+        else:
+            out.append(_f(WARN, f"{label}: reads {path}, which is stale or unchecked (see CDI specs)"))
+    return works, out
+
+
+def _verdict(label: str, works: bool, fix: str, why: str) -> list[Finding]:
+    return [] if works else [_f(PROBLEM, f"{label}: containers get no GPU: {why}", fix)]
+
+
+# --- one function per runtime ---------------------------------------------------------------------------------
+
+
+def check_runc(ver: Version | None, tools: dict[str, str]) -> list[Finding]:
+    missing = [name for name, path in tools.items() if not path]
+    out = [_f(INFO, f"runc {_vtext(ver)}: a bundle gets GPUs from gpuhook-hook in hooks.prestart, or by running "
+                    f"through {SHIM} (which writes the edits into config.json)")]
+    if missing:
+        out.append(_f(PROBLEM, f"not installed: {', '.join(missing)}", "pip install gpuhook (it installs gpuhook, "
+                                                                        f"gpuhook-hook and {SHIM})"))
+    return out
+
+
+def _podman_hooks_dirs(paths: Paths) -> list[str]:
+    value: Any = None
+    dropins = sorted(glob.glob(os.path.join(paths.podman_dropins, "*.conf")))
+    for path in [*paths.podman_configs, *dropins]:
+        data, _ = _toml(path)
+        value = _get(data, ("engine", "hooks_dir")) or value
+    return [str(v) for v in value] if isinstance(value, list) else list(paths.hooks_dirs)
+
+
+def check_podman(ver: Version | None, paths: Paths, specs: SpecStatus) -> list[Finding]:
+    label = f"podman {_vtext(ver)}"
+    hook_ok, out = _hook_findings(label, _podman_hooks_dirs(paths),
+                                  "gpuhook runtime configure --runtime podman --mode hook")
+    cdi_ok, cdi_out = _cdi_findings(label, paths.spec_dirs, specs, PODMAN_MAX_CDI.get(tuple(ver[:2]))
+                                    if ver else None)
+    return out + cdi_out + _verdict(label, hook_ok or cdi_ok, paths.cdi_fix,
+                                    f"no current nvidia.com/gpu CDI spec in {', '.join(paths.spec_dirs)} and no "
+                                    "gpuhook hook in its hooks directories")
+
+
+def check_crio(ver: Version | None, paths: Paths, specs: SpecStatus) -> list[Finding]:
+    label = f"CRI-O {_vtext(ver)}"
+    files = [paths.crio_config] + sorted(p for p in glob.glob(os.path.join(paths.crio_dropins, "*"))
+                                         if os.path.isfile(p) and not p.endswith(".gpuhook.bak"))
+    hooks_dir: Any = None
+    spec_dirs: Any = None
+    out: list[Finding] = []
+    for path in files:
+        data, error = _toml(path)
+        if error:
+            out.append(_f(PROBLEM, f"{label}: {error}", f"fix the TOML syntax in {path}"))
+        hooks_dir = _get(data, ("crio", "runtime", "hooks_dir")) or hooks_dir
+        spec_dirs = _get(data, ("crio", "runtime", "cdi_spec_dirs")) or spec_dirs
+    hooks = [str(h) for h in hooks_dir] if isinstance(hooks_dir, list) else [paths.hooks_dirs[0]]
+    dirs = [str(d) for d in spec_dirs] if isinstance(spec_dirs, list) else list(paths.spec_dirs)
+    hook_ok, hook_out = _hook_findings(label, hooks, "gpuhook runtime configure --runtime crio --mode hook")
+    cdi_ok, cdi_out = _cdi_findings(label, dirs, specs)
+    return out + hook_out + cdi_out + _verdict(label, hook_ok or cdi_ok, paths.cdi_fix,
+                                               f"no current nvidia.com/gpu CDI spec in {', '.join(dirs)} and no "
+                                               "gpuhook hook in hooks_dir")
+
+
+def check_containerd(ver: Version | None, paths: Paths, specs: SpecStatus) -> list[Finding]:
+    label = f"containerd {_vtext(ver)}"
+    data, error = _toml(paths.containerd_config)
+    if error:
+        return [_f(PROBLEM, f"{label}: {error}", f"fix the TOML syntax in {paths.containerd_config}")]
+    modern = ver is None or ver >= (2,)
+    config_version = (data or {}).get("version", 1 if data else (3 if modern else 2))
+    cri = _get(data or {}, CONTAINERD_CRI.get(config_version, CONTAINERD_CRI[2])) or {}
+    out: list[Finding] = []
+    works = False
+    cdi_supported = ver is None or ver >= (1, 7)
+    if cdi_supported:
+        enabled = cri.get("enable_cdi", modern)
+        dirs = cri.get("cdi_spec_dirs") or list(paths.spec_dirs)
+        if enabled:
+            works, out = _cdi_findings(label, [str(d) for d in dirs], specs)
+        else:
+            out.append(_f(INFO, f"{label}: CDI is off (enable_cdi) in {paths.containerd_config}"))
+    name = _get(cri, ("containerd", "default_runtime_name")) or "runc"
+    runtime = _get(cri, ("containerd", "runtimes", name)) or {}
+    base = runtime.get("base_runtime_spec")
+    if isinstance(base, str) and base:
+        spec, spec_error = _json(base)
+        if spec_error or spec is None:
+            out.append(_f(PROBLEM, f"{label}: base_runtime_spec {base}: {spec_error or 'missing'}",
+                          "gpuhook runtime configure --runtime containerd --mode hook"))
+        elif has_gpuhook_hook(spec):
+            works = True
+            out.append(_f(OK, f"{label}: runtime {name!r} starts from {base}, which has gpuhook's prestart hook"))
+    binary = _get(runtime, ("options", "BinaryName"))
+    if isinstance(binary, str) and os.path.basename(binary) == SHIM:
+        if _executable(binary):
+            works = True
+            out.append(_f(OK, f"{label}: runtime {name!r} runs {binary} (the shim applies the edits)"))
+        else:
+            out.append(_f(PROBLEM, f"{label}: BinaryName {binary} does not exist: every container fails",
+                          f"ln -s $(command -v {SHIM}) {binary}"))
+    mode = "cdi" if cdi_supported else "hook"
+    why = ("no CDI (enable_cdi) with a current spec, no gpuhook hook in the base runtime spec, no "
+           f"BinaryName = {SHIM}")
+    return out + _verdict(label, works, f"gpuhook runtime configure --runtime containerd --mode {mode}", why)
+
+
+def check_docker(ver: Version | None, paths: Paths, specs: SpecStatus) -> list[Finding]:
+    label = f"Docker {_vtext(ver)}"
+    data, error = _json(paths.docker_config)
+    if error:
+        return [_f(PROBLEM, f"{label}: {error}", f"fix the JSON syntax in {paths.docker_config}")]
+    data = data or {}
+    out: list[Finding] = []
+    works = False
+    cdi_supported = ver is None or ver >= (25,)
+    if cdi_supported and _get(data, ("features", "cdi")) is True:
+        dirs = data.get("cdi-spec-dirs") or list(paths.spec_dirs)
+        works, out = _cdi_findings(label, [str(d) for d in dirs], specs)
+    runtimes = data.get("runtimes") if isinstance(data.get("runtimes"), dict) else {}
+    for name, entry in sorted(runtimes.items()):
+        path = entry.get("path") if isinstance(entry, dict) else None
+        if not isinstance(path, str) or os.path.basename(path) != SHIM:
+            continue
+        if not _executable(path):
+            out.append(_f(PROBLEM, f"{label}: runtime {name!r} runs {path}, which does not exist",
+                          f"ln -s $(command -v {SHIM}) {path}"))
+            continue
+        works = True
+        every = data.get("default-runtime") == name
+        out.append(_f(OK, f"{label}: runtime {name!r} ({path}) "
+                          + ("is the default runtime" if every else f"for `docker run --runtime {name}`")))
+    mode = "cdi" if cdi_supported else "hook"
+    why = "no CDI (features.cdi) with a current spec and no runtime entry for " + SHIM
+    return out + _verdict(label, works, f"gpuhook runtime configure --runtime docker --mode {mode}", why)
+
+
+def check_runtimes(names: Sequence[str], specs: SpecStatus, paths: Paths = Paths(),
+                   versions: dict[str, Version | None] | None = None) -> list[Finding]:
+    """Findings for each runtime in `names` (versions from `<binary> --version` unless given)."""
+    versions = versions if versions is not None else {n: version_of(BINARIES[n]) for n in names}
+    out: list[Finding] = []
+    for name in names:
+        ver = versions.get(name)
+        if name == "runc":
+            out += check_runc(ver, installed_tools())
+        elif name == "podman":
+            out += check_podman(ver, paths, specs)
+        elif name == "crio":
+            out += check_crio(ver, paths, specs)
+        elif name == "containerd":
+            out += check_containerd(ver, paths, specs)
+        elif name == "docker":
+            out += check_docker(ver, paths, specs)
+    if not names:
+        out.append(_f(INFO, "no container runtime checked"))
+    return out

@@ -1,0 +1,267 @@
+"""`gpuhook-runtime`: an OCI runtime shim for runtimes without CDI or a hooks directory (containerd 1.6, Docker < 25).
+
+Invoked exactly like runc. On `create` (and `run`, which creates too) it reads the bundle's config.json, parses the
+container's GPU request as the prestart hook does, plans the edits with `edits.plan` and writes them into
+config.json — device nodes, device cgroup allow rules, bind mounts and the CDI generator's createContainer hooks
+(links, ld cache) — then execs the real runtime with the original arguments. The runtime applies everything itself,
+so the result is the same on cgroup v1 and v2. Every other subcommand, and every container without a GPU request,
+reaches the runtime untouched (config.json byte for byte).
+
+Environment: GPUHOOK_RUNTIME (the real runtime: a name looked up on PATH, or a path; default `runc`) and
+GPUHOOK_CONFIG (the hook's config file; default /etc/gpuhook/config.toml). Like the hook, the import path is lean:
+no click, YAML, jsonschema or gRPC.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+RUNTIME_ENV = "GPUHOOK_RUNTIME"
+CONFIG_ENV = "GPUHOOK_CONFIG"
+DEFAULT_RUNTIME = "runc"
+PROG = "gpuhook-runtime"
+CREATE_COMMANDS = frozenset({"create", "run"})
+# runc's global options that take a value (urfave/cli accepts -x and --x, and --x=value).
+GLOBAL_VALUE_OPTIONS = frozenset({"root", "log", "log-format", "criu", "rootless"})
+# `runc create|run` options that take a value.
+CREATE_VALUE_OPTIONS = frozenset({"bundle", "b", "console-socket", "pid-file", "preserve-fds"})
+
+
+class ShimError(Exception):
+    """A start that must not go ahead: one line for stderr."""
+
+
+@dataclass(frozen=True)
+class Invocation:
+    """What the runtime is asked to do: the subcommand and, for create/run, the bundle and container id."""
+
+    command: str | None
+    bundle: str = ""
+    container_id: str = ""
+    help: bool = False
+
+
+def _option(arg: str) -> tuple[str, bool]:
+    """('name', has inline '=value') for '-name', '--name' or '--name=value'."""
+    name = arg.lstrip("-")
+    return name.partition("=")[0], "=" in name
+
+
+def parse_argv(args: Sequence[str], cwd: str | None = None) -> Invocation:
+    """Find the subcommand after runc's global options and, for create/run, `--bundle`/`-b` (default: the cwd)."""
+    i = 0
+    while i < len(args) and args[i].startswith("-") and args[i] != "-":
+        name, inline = _option(args[i])
+        i += 2 if name in GLOBAL_VALUE_OPTIONS and not inline else 1
+    if i >= len(args):
+        return Invocation(None)
+    command, rest = args[i], args[i + 1 :]
+    if command not in CREATE_COMMANDS:
+        return Invocation(command)
+    bundle, positional, wants_help = "", [], False
+    j = 0
+    while j < len(rest):
+        arg = rest[j]
+        if arg.startswith("-") and arg != "-":
+            name, inline = _option(arg)
+            value = arg.partition("=")[2] if inline else (rest[j + 1] if j + 1 < len(rest) else "")
+            if name in ("bundle", "b"):
+                bundle = value
+            wants_help = wants_help or name in ("h", "help")
+            j += 2 if name in CREATE_VALUE_OPTIONS and not inline else 1
+        else:
+            positional.append(arg)
+            j += 1
+    base = cwd if cwd is not None else os.getcwd()
+    return Invocation(command, os.path.normpath(os.path.join(base, bundle or ".")),
+                      positional[0] if positional else "", wants_help)
+
+
+# --- rewriting config.json ----------------------------------------------------------------------------------
+
+
+def _is_gpuhook_hook(hook: Any) -> bool:
+    if not isinstance(hook, dict):
+        return False
+    path, args = os.path.basename(str(hook.get("path", ""))), hook.get("args") or []
+    return path == "gpuhook-hook" or (path == "gpuhook" and isinstance(args, list) and "hook" in args[1:2])
+
+
+def has_gpuhook_hook(config: dict[str, Any]) -> bool:
+    """A gpuhook prestart hook is already configured (e.g. containerd's base spec): it will inject, the shim won't."""
+    hooks = config.get("hooks")
+    if not isinstance(hooks, dict):
+        return False
+    return any(_is_gpuhook_hook(h) for stage in ("prestart", "createRuntime") for h in hooks.get(stage) or [])
+
+
+def _list(parent: dict[str, Any], key: str) -> list[Any]:
+    value = parent.setdefault(key, [])
+    if not isinstance(value, list):
+        raise ShimError(f"config.json: {key!r} is not a list")
+    return value
+
+
+def _object(parent: dict[str, Any], key: str) -> dict[str, Any]:
+    value = parent.setdefault(key, {})
+    if not isinstance(value, dict):
+        raise ShimError(f"config.json: {key!r} is not an object")
+    return value
+
+
+def apply_edits(config: dict[str, Any], edits: Any, hook_path: str) -> dict[str, Any]:
+    """`config` (changed in place and returned) with `edits` in OCI form, exactly as a CDI runtime renders them.
+
+    Idempotent: a node, rule, mount, env key or hook already present is not added twice (a retried create).
+    """
+    from .cdi.spec import NODE_PERMISSIONS, render_hooks
+
+    linux = _object(config, "linux")
+    devices = _list(linux, "devices")
+    rules = _list(_object(linux, "resources"), "devices")
+    have_nodes = {d.get("path") for d in devices if isinstance(d, dict)}
+    for node in edits.device_nodes:
+        if node.path not in have_nodes:
+            devices.append({"path": node.path, "type": node.type, "major": node.major, "minor": node.minor,
+                            "fileMode": node.mode, "uid": 0, "gid": 0})
+            have_nodes.add(node.path)
+        rule = {"allow": True, "type": node.type, "major": node.major, "minor": node.minor, "access": NODE_PERMISSIONS}
+        if rule not in rules:
+            rules.append(rule)
+    mounts = _list(config, "mounts")
+    have_mounts = {m.get("destination") for m in mounts if isinstance(m, dict)}
+    for m in edits.mounts:
+        if m.container_path not in have_mounts:
+            mounts.append({"destination": m.container_path, "type": m.type, "source": m.host_path,
+                           "options": list(m.options)})
+    if edits.env:
+        env = _list(_object(config, "process"), "env")
+        keys = {e.partition("=")[0] for e in env if isinstance(e, str)}
+        env += [e for e in edits.env if e.partition("=")[0] not in keys]
+    hooks = _object(config, "hooks") if (edits.symlinks or edits.ld_dirs) else {}
+    for hook in render_hooks(edits, hook_path):
+        stage = _list(hooks, hook.pop("hookName"))
+        if hook not in stage:
+            stage.append(hook)
+    return config
+
+
+# --- the pieces around it -----------------------------------------------------------------------------------
+
+
+def gpuhook_executable() -> str:
+    """The installed `gpuhook` the createContainer hooks run (beside this interpreter, else on PATH)."""
+    beside = os.path.join(os.path.dirname(sys.executable), "gpuhook")
+    if os.path.isfile(beside) and os.access(beside, os.X_OK):
+        return os.path.abspath(beside)
+    found = shutil.which("gpuhook")
+    if found:
+        return os.path.abspath(found)
+    raise ShimError(f"cannot find the gpuhook executable next to {sys.executable} or on PATH")
+
+
+def _self_paths() -> set[str]:
+    me = sys.argv[0] if os.sep in sys.argv[0] else (shutil.which(sys.argv[0]) or sys.argv[0])
+    return {os.path.realpath(me), os.path.realpath(os.path.join(os.path.dirname(sys.executable), PROG))}
+
+
+def real_runtime(environ: dict[str, str] | None = None) -> str:
+    """The runtime to exec: $GPUHOOK_RUNTIME or `runc`, never this shim itself (that would loop)."""
+    env = os.environ if environ is None else environ
+    wanted = env.get(RUNTIME_ENV) or DEFAULT_RUNTIME
+    me = _self_paths()
+    if os.sep in wanted:
+        if os.path.realpath(wanted) in me:
+            raise ShimError(f"{RUNTIME_ENV}={wanted} is {PROG} itself")
+        return wanted
+    for folder in env.get("PATH", os.defpath).split(os.pathsep):
+        candidate = os.path.join(folder or ".", wanted)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK) and os.path.realpath(candidate) not in me:
+            return candidate
+    raise ShimError(f"cannot find the runtime {wanted!r} on PATH (set {RUNTIME_ENV})")
+
+
+def _log(path: str, line: str) -> None:
+    if not path:
+        return
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
+    except OSError:
+        return
+    try:
+        os.write(fd, (time.strftime("%Y-%m-%dT%H:%M:%S ") + line + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def prepare(inv: Invocation, config_path: str | None) -> tuple[str, str]:
+    """Rewrite the bundle's config.json for a GPU request (nothing for any other container).
+
+    Returns (log file, log line). Everything is checked before the one atomic write, so a failure changes nothing.
+    """
+    from . import require
+    from .config import load_config
+    from .discover.roots import Roots
+    from .edits import plan
+    from .invcache import inventory
+    from .oci.bundle import load_bundle
+    from .request import is_privileged, parse_request
+    from .select import resolve
+
+    config = load_config(config_path)
+    bundle = load_bundle(inv.bundle)
+    request = parse_request(bundle.env, bundle.mounts, bundle.annotations, is_privileged(bundle.process),
+                            config.policy)
+    notes = "".join(f" ({n})" for n in request.notes)
+    if not request.wants_gpu_setup:
+        return config.log_file, f"{inv.container_id} runtime skip request={request.kind}{notes}"
+    if has_gpuhook_hook(bundle.config):
+        return config.log_file, f"{inv.container_id} runtime skip: a gpuhook prestart hook will inject"
+    roots = Roots.make(config.driver_root, config.dev_root or None, config.proc_root)
+    inventory_ = inventory(roots, config.inventory_cache)
+    selection = resolve(inventory_, request)
+    require.check(inventory_, request.requirements, selection.devices)
+    edits = plan(inventory_, selection)
+    path = os.path.join(inv.bundle, "config.json")
+    new = apply_edits(bundle.config, edits, gpuhook_executable())
+    from .atomic import write_atomic
+
+    write_atomic(path, (json.dumps(new, indent=2) + "\n").encode(), os.stat(path).st_mode & 0o7777)
+    names = ",".join(d.uuid or str(d.index) for d in selection.devices) or "none"
+    caps = ",".join(sorted(selection.capabilities))
+    return config.log_file, (f"{inv.container_id} runtime inject devices={names} caps={caps} "
+                             f"nodes={len(edits.device_nodes)} mounts={len(edits.mounts)}{notes}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Prepare a create/run, then exec the real runtime with the original arguments; 1 (and no exec) on error."""
+    from .errors import GpuhookError
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    config_path = os.environ.get(CONFIG_ENV) or None
+    try:
+        runtime = real_runtime()
+        inv = parse_argv(args)
+        if inv.command in CREATE_COMMANDS and not inv.help:
+            _log(*prepare(inv, config_path))
+    except (ShimError, GpuhookError, OSError) as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execv(runtime, [runtime, *args])
+    except OSError as exc:
+        print(f"{PROG}: cannot run {runtime}: {exc.strerror}", file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

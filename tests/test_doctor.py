@@ -1,0 +1,451 @@
+"""`gpuhook doctor` on simulated drivers: a healthy host, stale specs (driver version, GPU set, MIG layout),
+missing and mis-moded nodes, runtime configurations, and every reason a container gets nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+from support.fakefix import FAKE_MIG_LAYOUT
+
+from gpuhook.cdi.registry import scan
+from gpuhook.cli import cli
+from gpuhook.doctor import runtimes as rt
+from gpuhook.doctor.model import OK, PROBLEM, WARN
+from gpuhook.doctor.specs import SpecStatus
+
+HOOK = str(Path(sys.executable).with_name("gpuhook"))
+
+
+def roots(fake: Any) -> list[str]:
+    return ["--driver-root", str(fake.root), "--proc-root", str(fake.root / "proc")]
+
+
+def doctor(*args: str) -> tuple[Result, dict[str, Any]]:
+    """Run `gpuhook doctor … --json` (no runtime unless asked) and return the result and the parsed report."""
+    argv = ["doctor", *args, "--json"]
+    if "--runtime" not in args:
+        argv += ["--runtime", "none"]
+    result = CliRunner().invoke(cli, argv, catch_exceptions=False)
+    return result, json.loads(result.output)
+
+
+def messages(report: dict[str, Any], status: str | None = None, section: str | None = None) -> list[str]:
+    return [f["message"] for f in report["findings"]
+            if (status is None or f["status"] == status) and (section is None or f["section"] == section)]
+
+
+def problems(report: dict[str, Any]) -> list[dict[str, Any]]:
+    return [f for f in report["findings"] if f["status"] == PROBLEM]
+
+
+def generate(fake: Any, out: Path, *extra: str) -> None:
+    subprocess.run([sys.executable, "-m", "gpuhook.cli", "generate-cdi", *roots(fake), "--hook-path", HOOK,
+                    "--output", str(out), *extra], check=True, capture_output=True, text=True)
+
+
+def config_file(tmp: Path, **values: Any) -> Path:
+    path = tmp / "config.toml"
+    path.write_text("".join(f"{k.replace('_', '-')} = {json.dumps(v)}\n" for k, v in values.items()))
+    return path
+
+
+# --- the host --------------------------------------------------------------------------------------------------
+
+
+def test_healthy_host(fake_driver: Any, tmp_path: Path) -> None:
+    generate(fake_driver, tmp_path / "cdi" / "nvidia.yaml")
+    result, report = doctor(*roots(fake_driver), "--spec-dir", str(tmp_path / "cdi"), "--runtime", "podman")
+    assert result.exit_code == 0, result.output
+    assert report["ok"] and report["problems"] == 0 and report["warnings"] == 0
+    assert any("driver 550.54.15 (CUDA 12.4) found through NVML: 2 GPU(s)" in m for m in messages(report, OK))
+    assert any("device nodes present" in m for m in messages(report, OK))
+    assert any("current" in m for m in messages(report, OK, "cdi"))
+    assert any(m.startswith("podman") and "nvidia.com/gpu" in m for m in messages(report, OK, "runtimes"))
+    text = CliRunner().invoke(cli, ["doctor", *roots(fake_driver), "--spec-dir", str(tmp_path / "cdi"),
+                                    "--runtime", "none"])
+    assert text.exit_code == 0 and text.output.splitlines()[-1] == "no problems found"
+
+
+def test_hook_config_gives_the_roots(fake_driver: Any, tmp_path: Path) -> None:
+    config = config_file(tmp_path, driver_root=str(fake_driver.root), proc_root=str(fake_driver.root / "proc"))
+    result, report = doctor("--config", str(config), "--spec-dir", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    assert any("found through NVML: 2 GPU(s)" in m for m in messages(report, OK))
+
+
+def test_no_driver(tmp_path: Path) -> None:
+    result, report = doctor("--driver-root", str(tmp_path / "nowhere"), "--proc-root", str(tmp_path),
+                            "--spec-dir", str(tmp_path))
+    assert result.exit_code == 1
+    (problem,) = problems(report)
+    assert "no usable NVIDIA driver" in problem["message"] and "--driver-root" in problem["fix"]
+
+
+def test_missing_node_then_the_fix(fake_driver_factory: Any, tmp_path: Path) -> None:
+    fake = fake_driver_factory(gpus=2, fresh=True)
+    node = fake.host_path("/dev/nvidia1")
+    os.unlink(node)
+    result, report = doctor(*roots(fake), "--spec-dir", str(tmp_path))
+    assert result.exit_code == 1
+    (problem,) = problems(report)
+    assert problem["message"].startswith(f"{node} is missing (GPU 0000:2a:00.0, {fake.gpus[1].uuid})")
+    assert problem["fix"] == f"mknod -m 666 {node} c 195 1"
+    subprocess.run(shlex.split(problem["fix"]), check=True)
+    result, report = doctor(*roots(fake), "--spec-dir", str(tmp_path))
+    assert result.exit_code == 0, result.output
+
+
+def test_node_permissions_and_missing_uvm(fake_driver_factory: Any, tmp_path: Path) -> None:
+    fake = fake_driver_factory(gpus=1, fresh=True)
+    os.chmod(fake.host_path("/dev/nvidia0"), 0o600)
+    os.unlink(fake.host_path("/dev/nvidia-uvm"))
+    result, report = doctor(*roots(fake), "--spec-dir", str(tmp_path))
+    assert result.exit_code == 1
+    warn = next(f for f in report["findings"] if f["status"] == WARN)
+    assert "has mode 0600" in warn["message"] and warn["fix"] == f"chmod 0666 {fake.host_path('/dev/nvidia0')}"
+    (problem,) = problems(report)
+    assert "nvidia-uvm is missing" in problem["message"]
+    assert problem["fix"] == f"mknod -m 666 {fake.host_path('/dev/nvidia-uvm')} c 508 0"  # major from /proc/devices
+
+
+def test_missing_mig_cap_node(fake_driver_factory: Any, tmp_path: Path) -> None:
+    fake = fake_driver_factory(gpus=2, mig={1: ["1g.10gb"]}, fresh=True)
+    cap = fake.mig_devices[0].cap_nodes[1]
+    os.unlink(fake.host_path(cap))
+    result, report = doctor(*roots(fake), "--spec-dir", str(tmp_path))
+    assert result.exit_code == 1
+    (problem,) = problems(report)
+    assert "MIG device 1:0" in problem["message"] and problem["fix"].startswith(f"mknod -m 444 {fake.host_path(cap)}")
+
+
+def test_nvml_failing_is_a_warning(fake_driver: Any, tmp_path: Path) -> None:
+    fake_driver.set_fail_init()
+    result, report = doctor(*roots(fake_driver), "--spec-dir", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    assert any("NVML unavailable" in m for m in messages(report, WARN))
+    assert any("found through /proc/driver/nvidia: 2 GPU(s)" in m for m in messages(report, OK))
+
+
+def test_modify_device_files_is_reported(fake_driver: Any, tmp_path: Path) -> None:
+    _, report = doctor(*roots(fake_driver), "--spec-dir", str(tmp_path))
+    assert any(m.startswith("ModifyDeviceFiles: 1") for m in messages(report, section="host"))
+
+
+# --- CDI specs ---------------------------------------------------------------------------------------------------
+
+
+def test_stale_spec_after_a_driver_upgrade(fake_driver: Any, fake_driver_factory: Any, tmp_path: Path) -> None:
+    """The spec was made for 550.54.15; the host now runs 535.129.03 (a second fake, same GPUs)."""
+    spec = tmp_path / "cdi" / "nvidia.yaml"
+    generate(fake_driver, spec)
+    upgraded = fake_driver_factory(gpus=2, driver_version="535.129.03", cuda_version="12.2")
+    result, report = doctor(*roots(upgraded), "--spec-dir", str(spec.parent), "--runtime", "podman")
+    assert result.exit_code == 1
+    stale = next(f for f in problems(report) if f["section"] == "cdi")
+    assert "made for driver 550.54.15, the driver is 535.129.03" in stale["message"]
+    assert stale["fix"] == f"gpuhook generate-cdi {' '.join(roots(upgraded))} --output {spec}"
+    assert any(m.startswith("podman") and "stale" in m for m in messages(report, WARN, "runtimes"))
+    subprocess.run([sys.executable, "-m", "gpuhook.cli", *shlex.split(stale["fix"])[1:], "--hook-path", HOOK],
+                   check=True, capture_output=True)
+    result, report = doctor(*roots(upgraded), "--spec-dir", str(spec.parent), "--runtime", "podman")
+    assert result.exit_code == 0, result.output
+
+
+def test_stale_spec_after_a_gpu_left(fake_driver: Any, fake_driver_factory: Any, tmp_path: Path) -> None:
+    generate(fake_driver, tmp_path / "nvidia.yaml")
+    one = fake_driver_factory(gpus=1)
+    result, report = doctor(*roots(one), "--spec-dir", str(tmp_path))
+    assert result.exit_code == 1
+    (stale,) = problems(report)
+    assert "names device '1', which this host does not have" in stale["message"]
+    assert f"names device {fake_driver.gpus[1].uuid!r}" in stale["message"]
+
+
+def test_stale_spec_after_a_mig_change(fake_driver_factory: Any, tmp_path: Path) -> None:
+    before = fake_driver_factory(gpus=4, mig=FAKE_MIG_LAYOUT)
+    generate(before, tmp_path / "nvidia.json")
+    after = fake_driver_factory(gpus=4, mig={1: ["3g.40gb"], 2: ["1g.10gb"]})
+    result, report = doctor(*roots(after), "--spec-dir", str(tmp_path))
+    assert result.exit_code == 1
+    (stale,) = problems(report)
+    message = stale["message"]
+    assert "names device '1:1', which this host does not have" in message
+    assert "device '1:0': nodes" in message and "differ from the host's" in message
+    assert "in MIG mode now" in message  # GPU 2 was named as a whole GPU
+    assert "does not name MIG device 2:0" in message
+    assert stale["fix"].endswith(f"--output {tmp_path / 'nvidia.json'}")
+
+
+def test_spec_that_does_not_load_and_conflicts(fake_driver: Any, tmp_path: Path) -> None:
+    (tmp_path / "broken.yaml").write_text("cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices: []\nbogus: 1\n")
+    generate(fake_driver, tmp_path / "a.yaml")
+    generate(fake_driver, tmp_path / "b.yaml")
+    result, report = doctor(*roots(fake_driver), "--spec-dir", str(tmp_path))
+    assert result.exit_code == 1
+    found = [f["message"] for f in problems(report)]
+    assert any(m.startswith(f"{tmp_path / 'broken.yaml'} does not load") for m in found)
+    assert any("nvidia.com/gpu=0 is defined by" in m and "cannot resolve it" in m for m in found)
+
+
+def test_shadowed_stale_spec_is_a_warning(fake_driver: Any, fake_driver_factory: Any, tmp_path: Path) -> None:
+    old, new = tmp_path / "etc", tmp_path / "run"
+    generate(fake_driver_factory(gpus=2, driver_version="535.129.03", cuda_version="12.2"), old / "nvidia.yaml")
+    generate(fake_driver, new / "nvidia.com-gpu.yaml")
+    result, report = doctor(*roots(fake_driver), "--spec-dir", str(old), "--spec-dir", str(new))
+    assert result.exit_code == 0, result.output
+    assert any("shadowed" in m for m in messages(report, WARN, "cdi"))
+
+
+# --- one container: what it gets, or why nothing -------------------------------------------------------------------
+
+
+def explain(fake: Any, tmp: Path, *args: str) -> tuple[int, dict[str, Any], list[dict[str, Any]]]:
+    result, report = doctor(*roots(fake), "--spec-dir", str(tmp), *args)
+    steps = [f for f in report["findings"] if f["section"] == "container"]
+    return result.exit_code, report["container"], steps
+
+
+def test_explains_an_injection(fake_driver: Any, tmp_path: Path) -> None:
+    code, summary, steps = explain(fake_driver, tmp_path, "--env", "NVIDIA_VISIBLE_DEVICES=1",
+                                   "--env", "NVIDIA_REQUIRE_CUDA=cuda>=12.0")
+    assert code == 0
+    assert summary["outcome"] == "inject"
+    assert [n["path"] for n in summary["edits"]["deviceNodes"]] == [
+        "/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+    text = [s["message"] for s in steps]
+    assert text[1] == "2. request: 1 (from NVIDIA_VISIBLE_DEVICES)"
+    assert text[2].startswith(f"3. devices: GPU 1 ({fake_driver.gpus[1].uuid}")
+    assert text[3] == "4. capabilities: compute, utility (default)"
+    assert text[4].startswith("5. requirement 'cuda>=12.0' is met")
+    assert text[5].startswith("6. gpuhook would inject 4 device node(s)")
+
+
+@pytest.mark.parametrize(("args", "config", "status", "words", "fix"), [
+    ([], {}, PROBLEM, "no GPU: NVIDIA_VISIBLE_DEVICES is unset", "NVIDIA_VISIBLE_DEVICES=all"),
+    (["--env", "NVIDIA_VISIBLE_DEVICES=void"], {}, PROBLEM, "is void, which means 'leave this container untouched'",
+     "NVIDIA_VISIBLE_DEVICES=all"),
+    (["--env", "NVIDIA_VISIBLE_DEVICES="], {}, PROBLEM, "is empty", "NVIDIA_VISIBLE_DEVICES=all"),
+    (["--env", "NVIDIA_VISIBLE_DEVICES=all"], {"accept_envvar_unprivileged": False}, PROBLEM,
+     "ignored: unprivileged container and accept-envvar-unprivileged is false", "set accept-envvar-unprivileged"),
+    (["--env", "NVIDIA_VISIBLE_DEVICES=7"], {}, PROBLEM, "the start would fail: unknown device '7' requested",
+     "NVIDIA_VISIBLE_DEVICES=<comma list of: 0, GPU-"),
+    (["--env", "NVIDIA_VISIBLE_DEVICES=0", "--env", "NVIDIA_REQUIRE_ARCH=arch>=10.0"], {}, PROBLEM,
+     "unsatisfied requirement 'arch>=10.0': arch>=10.0 but the host has arch 9.0 on GPU 0",
+     "NVIDIA_DISABLE_REQUIRE=true"),
+    (["--env", "NVIDIA_VISIBLE_DEVICES=0", "--env", "NVIDIA_DRIVER_CAPABILITIES=compute,warp"], {}, PROBLEM,
+     "unknown driver capability 'warp'", "NVIDIA_DRIVER_CAPABILITIES"),
+    (["--env", "NVIDIA_VISIBLE_DEVICES=0", "--env", "NVIDIA_MIG_CONFIG_DEVICES=all"], {}, PROBLEM,
+     "requires a privileged container", "CAP_SYS_ADMIN"),
+])  # fmt: skip
+def test_why_nothing(fake_driver: Any, tmp_path: Path, args: list[str], config: dict[str, Any], status: str,
+                     words: str, fix: str) -> None:
+    if not args:
+        args = ["--env", "PATH=/bin"]
+    path = config_file(tmp_path, **config)
+    code, summary, steps = explain(fake_driver, tmp_path, "--config", str(path), *args)
+    assert code == 1
+    last = steps[-1]
+    assert last["status"] == status and words in last["message"], last
+    assert fix in last["fix"]
+    assert summary["outcome"] in ("nothing", "fail")
+
+
+def test_policy_still_honours_a_device_mount(fake_driver: Any, tmp_path: Path) -> None:
+    path = config_file(tmp_path, accept_envvar_unprivileged=False)
+    code, summary, steps = explain(fake_driver, tmp_path, "--config", str(path), "--env",
+                                   "NVIDIA_VISIBLE_DEVICES=all", "--device-mount", "1")
+    assert code == 0
+    assert "device volume mounts" in steps[1]["message"]
+    assert summary["devices"] == [f"GPU 1 ({fake_driver.gpus[1].uuid}, {fake_driver.gpus[1].pci_bus_id})"]
+
+
+def test_legacy_cuda_image_and_disabled_requirements(fake_driver: Any, tmp_path: Path) -> None:
+    code, summary, steps = explain(fake_driver, tmp_path, "--env", "CUDA_VERSION=12.2.0")
+    assert code == 0 and summary["request"]["kind"] == "all"
+    assert "legacy CUDA image" in steps[1]["message"]
+    assert any("requirement 'cuda>=12.2' is met" in s["message"] for s in steps)
+    code, _, steps = explain(fake_driver, tmp_path, "--env", "NVIDIA_VISIBLE_DEVICES=0",
+                             "--env", "NVIDIA_REQUIRE_CUDA=cuda>=99", "--env", "NVIDIA_DISABLE_REQUIRE=1")
+    assert code == 0 and any("not checked (NVIDIA_DISABLE_REQUIRE)" in s["message"] for s in steps)
+
+
+def test_mig_all_is_explained(fake_driver_mig: Any, tmp_path: Path) -> None:
+    code, summary, steps = explain(fake_driver_mig, tmp_path, "--env", "NVIDIA_VISIBLE_DEVICES=all")
+    assert code == 0
+    assert "GPU 1 is in MIG mode, so it contributes its MIG devices 1:0, 1:1, 1:2" in steps[2]["detail"][0]
+    assert len(summary["devices"]) == 6
+
+
+def write_bundle(tmp: Path, env: list[str], devices: list[dict[str, Any]] | None = None) -> Path:
+    bundle = tmp / "bundle"
+    bundle.mkdir()
+    config = {"process": {"env": env, "capabilities": {"bounding": ["CAP_KILL"]}}, "root": {"path": "rootfs"},
+              "linux": {"devices": devices or []}}
+    (bundle / "config.json").write_text(json.dumps(config))
+    return bundle
+
+
+def test_bundle(fake_driver: Any, tmp_path: Path) -> None:
+    bundle = write_bundle(tmp_path, ["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES=utility"])
+    code, summary, steps = explain(fake_driver, tmp_path, "--bundle", str(bundle))
+    assert code == 0 and summary["origin"] == f"bundle {bundle}"
+    assert steps[0]["message"].endswith("; unprivileged")
+    assert [n["path"] for n in summary["edits"]["deviceNodes"]] == ["/dev/nvidia0", "/dev/nvidiactl"]
+
+
+def test_bundle_already_edited_by_cdi(fake_driver: Any, tmp_path: Path) -> None:
+    node = {"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0}
+    bundle = write_bundle(tmp_path, ["NVIDIA_VISIBLE_DEVICES=void"], [node])
+    code, summary, steps = explain(fake_driver, tmp_path, "--bundle", str(bundle))
+    assert code == 0 and summary["outcome"] == "applied"
+    assert "already has /dev/nvidia0" in steps[-1]["message"]
+
+
+def test_bundle_and_env_are_exclusive(tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["doctor", "--bundle", str(tmp_path), "--env", "A=1"])
+    assert result.exit_code == 2 and "exclusive" in result.output
+
+
+# --- runtime configurations (no runtime needs to be installed: paths and versions are given) -----------------------
+
+SPEC = {"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu",
+        "devices": [{"name": "0", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0"}]}}]}
+
+
+def spec_status(folder: Path, cdi_version: str = "0.5.0", current: bool = True) -> SpecStatus:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "nvidia.json"
+    path.write_text(json.dumps({**SPEC, "cdiVersion": cdi_version}))
+    status = SpecStatus(scan([str(folder)]))
+    status.loaded[str(path)] = {**SPEC, "cdiVersion": cdi_version}
+    if current:
+        status.current.add(str(path))
+    return status
+
+
+def paths(tmp: Path, **kw: Any) -> rt.Paths:
+    return rt.Paths(containerd_config=str(tmp / "containerd/config.toml"), crio_config=str(tmp / "crio/crio.conf"),
+                    docker_config=str(tmp / "docker/daemon.json"),
+                    podman_configs=(str(tmp / "podman/vendor.conf"), str(tmp / "podman/containers.conf")),
+                    hooks_dirs=(str(tmp / "hooks.d"),), spec_dirs=(str(tmp / "cdi"),), **kw)
+
+
+def statuses(findings: list[Any]) -> list[str]:
+    return [f.status for f in findings]
+
+
+def configure(runtime: str, mode: str, config: Path, *extra: str) -> None:
+    result = CliRunner().invoke(cli, ["runtime", "configure", "--runtime", runtime, "--mode", mode,
+                                      "--config", str(config), *extra], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+
+
+def test_docker_without_anything_then_configured(tmp_path: Path) -> None:
+    p = paths(tmp_path)
+    status = spec_status(tmp_path / "cdi")
+    (problem,) = rt.check_docker((24, 0, 5), p, status)
+    assert problem.status == PROBLEM and problem.fix == "gpuhook runtime configure --runtime docker --mode hook"
+    configure("docker", "hook", Path(p.docker_config))
+    found = rt.check_docker((24, 0, 5), p, status)
+    assert statuses(found) == [OK] and "runtime 'gpuhook'" in found[0].message
+    (problem,) = rt.check_docker((25, 0), paths(tmp_path / "other"), status)
+    assert problem.fix == "gpuhook runtime configure --runtime docker --mode cdi"
+    configure("docker", "cdi", Path(paths(tmp_path / "other").docker_config))
+    found = rt.check_docker((25, 0), paths(tmp_path / "other"), spec_status(tmp_path / "other" / "cdi"))
+    assert statuses(found) == [OK] and "CDI devices" in found[0].message
+
+
+def test_containerd_1_6_and_1_7(tmp_path: Path) -> None:
+    p = paths(tmp_path)
+    status = spec_status(tmp_path / "cdi")
+    (problem,) = rt.check_containerd((1, 6, 20), p, status)
+    assert problem.fix == "gpuhook runtime configure --runtime containerd --mode hook"
+    config = Path(p.containerd_config)
+    config.parent.mkdir(parents=True)
+    config.write_text("version = 2\n")
+    (config.parent / "gpuhook-base-spec.json").write_text("{}")  # what `ctr oci spec` would have made
+    configure("containerd", "hook", config)
+    assert statuses(rt.check_containerd((1, 6, 20), p, status)) == [OK]
+    other = paths(tmp_path / "b")
+    (problem,) = [f for f in rt.check_containerd((1, 7, 2), other, status) if f.status == PROBLEM]
+    assert problem.fix == "gpuhook runtime configure --runtime containerd --mode cdi"
+    configure("containerd", "cdi", Path(other.containerd_config))
+    text = Path(other.containerd_config).read_text()  # it lists /etc/cdi and /var/run/cdi: point it at ours
+    Path(other.containerd_config).write_text(text.replace('"/etc/cdi"', f'"{tmp_path / "b" / "cdi"}"'))
+    found = rt.check_containerd((1, 7, 2), other, spec_status(tmp_path / "b" / "cdi"))
+    assert statuses(found) == [OK]
+
+
+def test_containerd_binary_name_shim(tmp_path: Path) -> None:
+    p = paths(tmp_path)
+    config = Path(p.containerd_config)
+    config.parent.mkdir(parents=True)
+    shim = Path(sys.executable).with_name("gpuhook-runtime")
+    table = '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]\n'
+    config.write_text(f'version = 2\n{table}BinaryName = "{shim}"\n')
+    found = rt.check_containerd((1, 6, 20), p, spec_status(tmp_path / "cdi"))
+    assert statuses(found) == [OK] and "the shim applies the edits" in found[0].message
+    config.write_text(f'version = 2\n{table}BinaryName = "/nope/gpuhook-runtime"\n')
+    found = rt.check_containerd((1, 6, 20), p, spec_status(tmp_path / "cdi"))
+    assert statuses(found) == [PROBLEM, PROBLEM] and "every container fails" in found[0].message
+
+
+def test_podman_cdi_version_limit_and_hooks(tmp_path: Path) -> None:
+    p = paths(tmp_path)
+    found = rt.check_podman((4, 3, 1), p, spec_status(tmp_path / "cdi", "0.6.0"))
+    assert statuses(found) == [PROBLEM, PROBLEM]
+    assert "claims cdiVersion 0.6.0, podman 4.3.1 reads at most 0.5.0" in found[0].message
+    assert statuses(rt.check_podman((4, 9, 0), p, spec_status(tmp_path / "cdi", "0.6.0"))) == [OK]
+    hooks = tmp_path / "hooks.d"
+    hooks.mkdir()
+    (hooks / "gpuhook.json").write_text(json.dumps({"version": "1.0.0", "hook": {"path": "/nope/gpuhook-hook"},
+                                                    "when": {"always": True}, "stages": ["prestart"]}))
+    empty = spec_status(tmp_path / "none", current=False)
+    found = rt.check_podman((4, 3, 1), paths(tmp_path, generate_flags=" --driver-root /x"), empty)
+    assert "runs /nope/gpuhook-hook, which does not exist" in found[0].message
+    assert found[-1].fix == f"gpuhook generate-cdi --driver-root /x --output {tmp_path / 'cdi'}/nvidia.yaml"
+
+
+def test_crio_hooks_dir(tmp_path: Path) -> None:
+    p = paths(tmp_path)
+    hooks = tmp_path / "myhooks"
+    hooks.mkdir()
+    hook = Path(sys.executable).with_name("gpuhook-hook")
+    (hooks / "gpuhook.json").write_text(json.dumps({"hook": {"path": str(hook)}}))
+    conf = Path(p.crio_config)
+    (conf.parent / "crio.conf.d").mkdir(parents=True)
+    (conf.parent / "crio.conf.d" / "99-gpuhook.conf").write_text(f'[crio.runtime]\nhooks_dir = ["{hooks}"]\n')
+    found = rt.check_crio((1, 28, 0), p, spec_status(tmp_path / "nothing", current=False))
+    assert OK in statuses(found) and PROBLEM not in statuses(found)
+
+
+def test_parse_version() -> None:
+    assert rt.parse_version("containerd github.com/containerd/containerd v1.7.2 abc") == (1, 7, 2)
+    assert rt.parse_version("Docker version 24.0.5, build ced0996") == (24, 0, 5)
+    assert rt.parse_version("podman version 4.3.1") == (4, 3, 1)
+    assert rt.parse_version("crio version 1.28.0\nGitCommit: x") == (1, 28, 0)
+    assert rt.parse_version("nothing") is None
+
+
+@pytest.mark.parametrize(("snippet", "runtime"), [("containerd-1.6-shim.toml", "containerd"),
+                                                  ("docker-daemon-runtimes.json", "docker")])
+def test_runtime_config_snippets_for_the_shim_pass(tmp_path: Path, snippet: str, runtime: str) -> None:
+    """runtime-config/'s shim snippets, with the shim's path on this machine, are what doctor accepts."""
+    source = Path(__file__).parents[1] / "runtime-config" / snippet
+    text = source.read_text().replace("/usr/local/bin/gpuhook-runtime",
+                                      str(Path(sys.executable).with_name("gpuhook-runtime")))
+    p = paths(tmp_path)
+    target = Path(p.containerd_config if runtime == "containerd" else p.docker_config)
+    target.parent.mkdir(parents=True)
+    target.write_text(text)
+    check = rt.check_containerd if runtime == "containerd" else rt.check_docker
+    found = check((1, 6, 20) if runtime == "containerd" else (20, 10), p, spec_status(tmp_path / "cdi", current=False))
+    assert statuses(found) == [OK], found
