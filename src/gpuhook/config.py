@@ -1,34 +1,95 @@
-"""The hook's configuration: /etc/gpuhook/config.toml (TOML, read with tomllib), defaults for every key."""
+"""The hook's configuration: /etc/gpuhook/config.toml (TOML), defaults for every key.
+
+Read on every container start, also by containers that ask for no GPU, so this module imports only `os`:
+no dataclasses (they pull in `inspect`), no `re`, no tomllib (it pulls in `typing`, `string` and `datetime`)
+for the flat `key = value` files gpuhook's config actually is. Anything beyond that subset goes to tomllib, so
+every file parses exactly as tomllib parses it.
+"""
 
 from __future__ import annotations
 
 import os
-import tomllib
-from dataclasses import dataclass, field, fields
 
-from . import driverfiles as catalogue
 from .errors import ConfigError
-from .request import Policy
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from typing import Any
+
+    from .request import Policy
 
 DEFAULT_PATH = "/etc/gpuhook/config.toml"
 
+# attribute -> (type, default). `supported_capabilities` None = every capability gpuhook knows
+# (driverfiles.CAPABILITIES), resolved on first use so that reading the config never imports the catalogue.
+_FIELDS: dict[str, tuple[type, Any]] = {
+    "driver_root": (str, "/"),
+    "dev_root": (str, ""),  # empty: same as driver root
+    "proc_root": (str, "/proc"),
+    "ldconfig": (str, "@/sbin/ldconfig"),  # '@' = a path on the host, never the image's
+    "log_file": (str, "/var/log/gpuhook.log"),  # empty: no log
+    "accept_envvar_unprivileged": (bool, True),
+    "accept_volume_mounts": (bool, True),
+    "disable_require": (bool, False),
+    "supported_capabilities": (tuple, None),
+    "inventory_cache": (str, "/run/gpuhook/inventory.json"),  # empty: rediscover on every start
+}
 
-@dataclass(frozen=True)
+
 class Config:
-    driver_root: str = "/"
-    dev_root: str = ""  # empty: same as driver root
-    proc_root: str = "/proc"
-    ldconfig: str = "@/sbin/ldconfig"  # '@' = a path on the host, never the image's
-    log_file: str = "/var/log/gpuhook.log"  # empty: no log
-    accept_envvar_unprivileged: bool = True
-    accept_volume_mounts: bool = True
-    disable_require: bool = False
-    supported_capabilities: tuple[str, ...] = catalogue.CAPABILITIES
-    inventory_cache: str = "/run/gpuhook/inventory.json"  # empty: rediscover on every start
-    source: str = field(default="(defaults)", compare=False)
+    """Immutable settings (keyword arguments named like the attributes); `source`, the file read, takes no part
+    in equality. A plain class, not a dataclass: see the module docstring."""
+
+    __slots__ = ("driver_root", "dev_root", "proc_root", "ldconfig", "log_file", "accept_envvar_unprivileged",
+                 "accept_volume_mounts", "disable_require", "_supported_capabilities", "inventory_cache", "source")
+    driver_root: str
+    dev_root: str
+    proc_root: str
+    ldconfig: str
+    log_file: str
+    accept_envvar_unprivileged: bool
+    accept_volume_mounts: bool
+    disable_require: bool
+    _supported_capabilities: tuple[str, ...] | None
+    inventory_cache: str
+    source: str
+
+    def __init__(self, source: str = "(defaults)", **values: Any) -> None:
+        unknown = set(values) - set(_FIELDS)
+        if unknown:
+            raise TypeError(f"Config() got an unexpected keyword argument {sorted(unknown)[0]!r}")
+        for name, (_kind, default) in _FIELDS.items():
+            slot = "_supported_capabilities" if name == "supported_capabilities" else name
+            object.__setattr__(self, slot, values.get(name, default))
+        object.__setattr__(self, "source", source)
+
+    @property
+    def supported_capabilities(self) -> tuple[str, ...]:
+        if self._supported_capabilities is None:
+            from . import driverfiles as catalogue
+
+            return catalogue.CAPABILITIES
+        return self._supported_capabilities
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"Config is immutable: cannot set {name!r}")
+
+    def _values(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, name) for name in _FIELDS)
+
+    def __eq__(self, other: object) -> bool:
+        return self._values() == other._values() if isinstance(other, Config) else NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._values())
+
+    def __repr__(self) -> str:
+        return "Config(" + "".join(f"{name}={getattr(self, name)!r}, " for name in _FIELDS) + f"source={self.source!r})"
 
     @property
     def policy(self) -> Policy:
+        from .request import Policy
+
         return Policy(
             accept_envvar_unprivileged=self.accept_envvar_unprivileged,
             accept_volume_mounts=self.accept_volume_mounts,
@@ -37,37 +98,127 @@ class Config:
         )
 
 
-_TYPES = {f.name: f.type for f in fields(Config)}
-
-
 def _convert(path: str, key: str, value: object) -> object:
     attr = key.replace("-", "_")
-    kind = _TYPES.get(attr)
-    if kind is None or attr == "source":
+    if attr not in _FIELDS:
         raise ConfigError(f"{path}: unknown key {key!r}")
-    if kind == "bool":
+    kind = _FIELDS[attr][0]
+    if kind is bool:
         if not isinstance(value, bool):
             raise ConfigError(f"{path}: {key} must be true or false, not {value!r}")
         return value
-    if kind == "str":
+    if kind is str:
         if not isinstance(value, str):
             raise ConfigError(f"{path}: {key} must be a string, not {value!r}")
         return value
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise ConfigError(f"{path}: {key} must be a list of strings, not {value!r}")
+    from . import driverfiles as catalogue
+
     unknown = [v for v in value if v not in catalogue.CAPABILITIES]
     if unknown:
         raise ConfigError(f"{path}: {key}: unknown capability {unknown[0]!r}")
     return tuple(value)
 
 
-def parse_config(text: str, path: str = "<config>") -> Config:
+# The TOML subset read without tomllib (nor `re`): one `bare-key = value` per line, value a string without
+# escapes, a boolean or a one-line array of such strings, then an optional comment. TOML whitespace is space and
+# tab only; control characters other than tab are invalid in all of these forms, so a line holding one, and
+# anything else outside the subset, sends the whole file to tomllib.
+_BARE_KEY = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+_CONTROL = frozenset(chr(c) for c in (*range(0x00, 0x09), *range(0x0A, 0x20), 0x7F))
+
+
+class _NotSimple(Exception):
+    """The text is outside the subset: tomllib decides (and words any error)."""
+
+
+def _skip_blanks(line: str, i: int) -> int:
+    while i < len(line) and line[i] in " \t":
+        i += 1
+    return i
+
+
+def _string(line: str, i: int) -> tuple[str, int]:
+    """A basic string without escapes or a literal string starting at `i`: (value, index after it)."""
+    quote = line[i : i + 1]
+    end = line.find(quote, i + 1) if quote in ('"', "'") else -1
+    if end < 0 or (quote == '"' and "\\" in line[i + 1 : end]):
+        raise _NotSimple
+    return line[i + 1 : end], end + 1
+
+
+def _value(line: str, i: int) -> tuple[object, int]:
+    for word, value in (("true", True), ("false", False)):
+        if line.startswith(word, i):
+            return value, i + len(word)
+    if line[i : i + 1] != "[":
+        return _string(line, i)
+    items: list[str] = []
+    i = _skip_blanks(line, i + 1)
+    while line[i : i + 1] != "]":
+        item, i = _string(line, i)
+        items.append(item)
+        i = _skip_blanks(line, i)
+        if line[i : i + 1] == ",":
+            i = _skip_blanks(line, i + 1)
+        elif line[i : i + 1] != "]":
+            raise _NotSimple
+    return items, i + 1
+
+
+def _line(line: str) -> tuple[str, object] | None:
+    """(key, value), or None for a blank or comment line."""
+    if not _CONTROL.isdisjoint(line):
+        raise _NotSimple
+    i = _skip_blanks(line, 0)
+    if i == len(line) or line[i] == "#":
+        return None
+    start = i
+    while i < len(line) and line[i] in _BARE_KEY:
+        i += 1
+    key = line[start:i]
+    i = _skip_blanks(line, i)
+    if not key or line[i : i + 1] != "=":
+        raise _NotSimple
+    value, i = _value(line, _skip_blanks(line, i + 1))
+    i = _skip_blanks(line, i)
+    if i < len(line) and line[i] != "#":
+        raise _NotSimple
+    return key, value
+
+
+def parse_simple(text: str) -> dict[str, object] | None:
+    """`text` as tomllib would read it when it is within the flat subset above; None when it is not."""
+    data: dict[str, object] = {}
     try:
-        data = tomllib.loads(text)
+        for line in text.split("\n"):
+            parsed = _line(line)
+            if parsed is not None:
+                if parsed[0] in data:  # a duplicate key: tomllib's error
+                    raise _NotSimple
+                data[parsed[0]] = parsed[1]
+    except _NotSimple:
+        return None
+    return data
+
+
+def _parse_toml(text: str, path: str) -> dict[str, object]:
+    simple = parse_simple(text)
+    if simple is not None:
+        return simple
+    import tomllib
+
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+
+
+def parse_config(text: str, path: str = "<config>") -> Config:
+    data = _parse_toml(text, path)
     values = {key.replace("-", "_"): _convert(path, key, value) for key, value in data.items()}
-    return Config(**values, source=path)  # type: ignore[arg-type]
+    return Config(source=path, **values)
 
 
 def load_config(path: str | None) -> Config:

@@ -1,5 +1,6 @@
-"""`gpuhook hook prestart|createRuntime`: the prestart hook reached through the main CLI (click lives here,
-not in hook.py, whose import path must stay lean)."""
+"""`gpuhook hook [--config FILE] [prestart|createRuntime]`: the prestart hook reached through the main CLI, and
+`gpuhook hook install`, which writes the lean entry script runtimes should call (click lives here, not in
+hook.py or hook_entry.py, whose import paths must stay lean)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,49 @@ import click
 
 from .hook import STAGES, main
 
+CONFIG_HELP = "Config file [default: /etc/gpuhook/config.toml]."
 
-@click.command(context_settings={"ignore_unknown_options": True})
-@click.option("--config", "config_path", default=None, help="Config file [default: /etc/gpuhook/config.toml].")
-@click.argument("stage", type=click.Choice(STAGES), default="prestart")
-def hook(config_path: str | None, stage: str) -> None:
-    """OCI hook entry (state JSON on stdin); also installed as `gpuhook-hook`."""
+
+def _run(config_path: str | None, stage: str) -> None:
     args = ([f"--config={config_path}"] if config_path else []) + [stage]
     raise SystemExit(main(args))
+
+
+@click.group(invoke_without_command=True, context_settings={"ignore_unknown_options": True})
+@click.option("--config", "config_path", default=None, help=CONFIG_HELP)
+@click.pass_context
+def hook(ctx: click.Context, config_path: str | None) -> None:
+    """OCI hook entry (state JSON on stdin; the stage defaults to prestart); also installed as `gpuhook-hook`."""
+    if ctx.invoked_subcommand is None:
+        _run(config_path, "prestart")
+
+
+def _stage_command(stage: str) -> click.Command:
+    @click.command(stage, help=f"Run the hook at the {stage} stage (state JSON on stdin).")
+    @click.option("--config", "config_path", default=None, help=CONFIG_HELP)
+    @click.pass_context
+    def command(ctx: click.Context, config_path: str | None) -> None:
+        parent = ctx.parent.params.get("config_path") if ctx.parent else None
+        _run(config_path or parent, stage)
+
+    return command
+
+
+for _stage in STAGES:
+    hook.add_command(_stage_command(_stage))
+
+
+@hook.command("install")
+@click.option("--path", "path", default="/usr/local/bin/gpuhook-hook", show_default=True,
+              help="Where to write the entry script (atomically, mode 0755).")
+def install(path: str) -> None:
+    """Write a hook entry script that starts this Python with -IS (no `site`): the fast way to run the hook.
+
+    Point the runtime's hook configuration (oci-hooks.d, config.json hooks) and `generate-cdi --hook-path` at it;
+    it answers both `[--config FILE] [prestart|createRuntime]` and the CDI spec's `cdi-hook …` calls. Run it
+    again after moving or reinstalling gpuhook: the script records where the package is.
+    """
+    from .hook_entry import install as write_entry
+
+    written = write_entry(path)
+    click.echo(f"gpuhook: wrote {written}")

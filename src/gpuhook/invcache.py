@@ -21,7 +21,7 @@ def load_fresh(path: str, roots: Roots) -> Inventory | None:
     try:
         with open(path, "rb") as f:
             inv = Inventory.from_dict(json.load(f))
-    except (OSError, ValueError, TypeError, KeyError):
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):  # any corrupt cache: rediscover
         return None
     if inv.fingerprint != fingerprint(roots):
         return None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
-from typing import NamedTuple
+from collections import namedtuple
 
 from ._gpuhook_native import ffi, lib
 
@@ -94,29 +94,16 @@ _ERRLEN = 256
 _VERIFIER_LOG_SIZE = 1 << 20
 
 
-class LdCacheEntry(NamedTuple):
-    """One ld.so.cache entry: `key` is the soname (or link name) the loader looks up, `value` its path.
-    `hwcap` is raw: 0 for ordinary entries; with bit 62 set (glibc >= 2.33) its low 32 bits index the
-    glibc-hwcaps subdirectory the library was found in."""
+# collections.namedtuple rather than typing.NamedTuple: importing typing costs ~4 ms on every hook start.
+LdCacheEntry = namedtuple("LdCacheEntry", "key value flags hwcap")
+LdCacheEntry.__doc__ = """One ld.so.cache entry: `key` is the soname (or link name) the loader looks up, `value` its path.
+`hwcap` is raw: 0 for ordinary entries; with bit 62 set (glibc >= 2.33) its low 32 bits index the
+glibc-hwcaps subdirectory the library was found in."""
 
-    key: str
-    value: str
-    flags: int
-    hwcap: int
+ElfInfo = namedtuple("ElfInfo", "elf_class machine soname")  # elf_class 32|64; machine: 62 x86-64, 3 i386
+ElfInfo.__doc__ = "What gpuhook needs of an ELF file: class, e_machine and DT_SONAME (None without one)."
 
-
-class ElfInfo(NamedTuple):
-    elf_class: int  # 32 or 64
-    machine: int  # e_machine: 62 x86-64, 3 i386, 183 aarch64
-    soname: str | None
-
-
-class BpfProgInfo(NamedTuple):
-    id: int
-    type: int
-    name: str
-    xlated_len: int
-    gpl_compatible: bool
+BpfProgInfo = namedtuple("BpfProgInfo", "id type name xlated_len gpl_compatible")
 
 
 # --- errors -------------------------------------------------------------------------------------------

@@ -1,0 +1,231 @@
+"""What every benchmark shares: its command line, the statistics, the table, the JSON result, the machine.
+
+Issue 7 asks for the same numbers from every script (median, p90, min, max over >= 20 runs, with the core
+count) and for timings, never timed assertions in tests; so the scripts only measure and report, and a
+script exits 1 only when what it measured did not work (a container failed, the hook logged the wrong thing).
+A `target_ms` on a row is compared and shown, never enforced.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+BENCH_DIR = Path(__file__).resolve().parent
+RESULTS_DIR = BENCH_DIR / "results"
+RUNS = 20
+QUICK_RUNS = 3
+
+
+class BenchError(Exception):
+    """The thing measured did not work: reported as one line, exit status 1."""
+
+
+def parse_args(name: str, doc: str | None, extra: Callable[[argparse.ArgumentParser], None] | None = None,
+               ) -> argparse.Namespace:
+    """--quick (3 runs, for CI), --runs N, --json OUT (default bench/results/<name>.json), --keep (work dir)."""
+    parser = argparse.ArgumentParser(prog=f"bench/{name}.py", description=(doc or "").strip().splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help=f"{QUICK_RUNS} runs: proves the script works")
+    parser.add_argument("--runs", type=int, default=None, help=f"measured runs per case [default: {RUNS}]")
+    parser.add_argument("--json", dest="json_out", default=str(RESULTS_DIR / f"{name}.json"), metavar="OUT",
+                        help="where to write the results [default: %(default)s]")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory (printed at the end)")
+    parser.add_argument("--seed", type=int, default=7, help="order of the interleaved cases [default: 7]")
+    if extra:
+        extra(parser)
+    args = parser.parse_args()
+    args.name = name
+    if args.runs is None:
+        args.runs = QUICK_RUNS if args.quick else RUNS
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
+    return args
+
+
+def main_guard(body: Callable[[argparse.Namespace], None], args: argparse.Namespace) -> None:
+    """Run `body`; a BenchError is one line on stderr and exit 1."""
+    try:
+        body(args)
+    except BenchError as exc:
+        print(f"bench/{args.name}.py: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+# --- statistics -------------------------------------------------------------------------------------------------
+
+
+def percentile(samples: Sequence[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default), q in [0, 100]."""
+    data = sorted(samples)
+    if not data:
+        return float("nan")
+    pos = (len(data) - 1) * q / 100
+    low = int(pos)
+    high = min(low + 1, len(data) - 1)
+    return data[low] + (data[high] - data[low]) * (pos - low)
+
+
+def summary(samples: Sequence[float]) -> dict[str, float]:
+    """n, median, p90, p99, min, max, mean of `samples` (milliseconds by convention)."""
+    return {
+        "n": len(samples),
+        "median": statistics.median(samples),
+        "p90": percentile(samples, 90),
+        "p99": percentile(samples, 99),
+        "min": min(samples),
+        "max": max(samples),
+        "mean": statistics.fmean(samples),
+    }
+
+
+def row(label: str, samples: Sequence[float], target: float | None = None, **extra: Any) -> dict[str, Any]:
+    """One table row: the summary of `samples`, the target (compared on the median) and free extra fields."""
+    out: dict[str, Any] = {"case": label, **summary(samples), "samples": [round(s, 3) for s in samples]}
+    if target is not None:
+        out["target"] = target
+        out["met"] = out["median"] <= target
+    out.update(extra)
+    return out
+
+
+def interleaved(cases: Mapping[str, Callable[[int], float]], runs: int, warmup: int = 1, seed: int = 7,
+                ) -> dict[str, list[float]]:
+    """Run every case once per round, in a shuffled order each round, `warmup` rounds discarded.
+
+    Samples of one round are taken close together, so `paired()` differences cancel slow drifts of the machine
+    (other jobs, thermal); shuffling keeps a fixed order from favouring one case.
+    """
+    rng = random.Random(seed)
+    out: dict[str, list[float]] = {name: [] for name in cases}
+    for round_ in range(warmup + runs):
+        order = list(cases)
+        rng.shuffle(order)
+        for name in order:
+            value = cases[name](round_)
+            if round_ >= warmup:
+                out[name].append(value)
+    return out
+
+
+def paired(samples: Mapping[str, Sequence[float]], case: str, base: str) -> list[float]:
+    """Per-round differences case - base (same round, so the same machine state)."""
+    return [a - b for a, b in zip(samples[case], samples[base], strict=True)]
+
+
+# --- output -----------------------------------------------------------------------------------------------------
+
+
+def machine() -> dict[str, Any]:
+    """What the numbers depend on: cores, load, kernel, Python, and the runtimes' versions where installed."""
+    info: dict[str, Any] = {
+        "cpu_count": os.cpu_count(),
+        "loadavg": list(os.getloadavg()),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    for tool in ("runc", "podman"):
+        if shutil.which(tool):
+            first = subprocess.run([tool, "--version"], capture_output=True, text=True, check=False).stdout
+            info[tool] = (first.splitlines() or [""])[0]
+    return info
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "NO"
+    if isinstance(value, float):
+        return f"{value:.1f}"
+    return str(value)
+
+
+def print_table(title: str, rows: Sequence[Mapping[str, Any]], columns: Sequence[str] = (),
+                unit: str = "ms") -> None:
+    """A plain-text table: case, n, median, p90, min, max, then `columns` (target/met when any row has one)."""
+    cols = ["case", "n", "median", "p90", "min", "max", *columns]
+    if any("target" in r for r in rows):
+        cols += ["target", "met"]
+    cells = [[_fmt(r.get(c, "")) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(line[i]) for line in cells)) for i, c in enumerate(cols)]
+    print(f"\n{title} ({unit}; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f})")
+    print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cols, widths, strict=True))))
+    for line in cells:
+        print("  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(line, widths,
+                                                                                           strict=True))))
+
+
+def write_json(args: argparse.Namespace, data: Mapping[str, Any], load_before: list[float]) -> None:
+    """bench/results/<name>.json (or --json): the rows, the machine, and the load before and after."""
+    info = machine()
+    payload = {"bench": args.name, "runs": args.runs, "quick": args.quick,
+               "machine": {**info, "loadavg_before": load_before, "loadavg_after": info.pop("loadavg")}, **data}
+    path = Path(args.json_out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    print(f"\nresults: {path}")
+
+
+# --- environment ------------------------------------------------------------------------------------------------
+
+
+def need(condition: bool, why: str) -> None:
+    if not condition:
+        raise BenchError(why)
+
+
+def need_root_and(*tools: str) -> None:
+    need(os.geteuid() == 0, "needs root (the simulated driver makes device nodes; runc and podman run containers)")
+    for tool in tools:
+        need(shutil.which(tool) is not None, f"needs {tool} on PATH")
+
+
+@contextmanager
+def workdir(name: str, keep: bool) -> Iterator[Path]:
+    """A short /tmp directory (podman limits its runroot path to 50 characters), removed unless `keep`."""
+    path = Path(tempfile.mkdtemp(prefix=f"gh-{name}-", dir="/tmp"))
+    try:
+        yield path
+    finally:
+        if keep:
+            print(f"work directory kept: {path}")
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def gpuhook_command() -> list[str]:
+    """The installed `gpuhook` console script beside this Python (what users run), else `python -m gpuhook.cli`."""
+    beside = Path(sys.executable).with_name("gpuhook")
+    return [str(beside)] if os.access(beside, os.X_OK) else [sys.executable, "-m", "gpuhook.cli"]
+
+
+def console_hook() -> str | None:
+    """The pip console script `gpuhook-hook` beside this Python (runs `site`), when installed."""
+    beside = Path(sys.executable).with_name("gpuhook-hook")
+    return str(beside) if os.access(beside, os.X_OK) else None
+
+
+def fake_driver(root: Path, gpus: int, mig: Mapping[int, Sequence[str]] | None = None) -> Any:
+    """A simulated driver install (gpuhook.fakedriver) with `gpus` GPUs."""
+    from gpuhook.fakedriver import build_fake_driver
+
+    return build_fake_driver(root, gpus, mig=mig)
+
+
+def timed(argv: Sequence[str], **kw: Any) -> tuple[float, subprocess.CompletedProcess[str]]:
+    """(wall milliseconds, result) of one command, stdin closed, output captured."""
+    start = time.perf_counter()
+    result = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False, **kw)
+    return (time.perf_counter() - start) * 1000, result

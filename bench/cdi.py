@@ -1,0 +1,106 @@
+"""What gpuhook's CDI path adds to a podman start: `--device nvidia.com/gpu=all` vs the same container without.
+
+podman 4.3.1 + runc, private storage, our spec in a private /etc/cdi (see _containers.Podman). The spec is
+`gpuhook generate-cdi` for a simulated driver (2 GPUs by default, as the issue's nvidia-ctk reference) with
+`--hook-path` the lean entry script (`gpuhook hook install`), so its createContainer hooks (create-symlinks,
+update-ldcache) start python -IS. Measured alongside, interleaved: the spec whose hooks call the `gpuhook`
+console script (click, `site`), and the spec with its hooks removed (what the runtime's own nodes and bind
+mounts cost; the hooks' share is the rest). Target (issue 7): <= 70 ms added, lean spec vs no device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import yaml
+from _common import (
+    BenchError,
+    fake_driver,
+    gpuhook_command,
+    interleaved,
+    main_guard,
+    need_root_and,
+    paired,
+    parse_args,
+    print_table,
+    row,
+    workdir,
+    write_json,
+)
+from _containers import Podman, busybox_template, fresh_rootfs, install_lean_entry
+
+TARGET = 70.0
+DEVICE = "nvidia.com/gpu=all"
+
+
+def options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--gpus", type=int, default=2, help="GPUs of the simulated driver [default: 2]")
+
+
+def generate(fake_root: Path, hook: str, out: Path) -> str:
+    argv = [*gpuhook_command(), "generate-cdi", "--driver-root", str(fake_root), "--proc-root",
+            str(fake_root / "proc"), "--hook-path", hook, "--output", str(out)]  # fmt: skip
+    result = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise BenchError(f"generate-cdi failed: {result.stderr.strip()}")
+    return out.read_text()
+
+
+def bench(args: argparse.Namespace) -> None:
+    need_root_and("podman", "runc", "unshare")
+    load_before = list(os.getloadavg())
+    with workdir("cdi", args.keep) as work:
+        fake = fake_driver(work / "driver", args.gpus)
+        lean = install_lean_entry(work / "gpuhook-hook")
+        specs = {
+            "lean": generate(fake.root, lean, work / "lean.yaml"),
+            "console": generate(fake.root, gpuhook_command()[0], work / "console.yaml"),
+        }
+        stripped = yaml.safe_load(specs["lean"])
+        hooks = stripped["containerEdits"].pop("hooks", [])
+        specs["no-hooks"] = yaml.safe_dump(stripped, sort_keys=False)
+        podman = Podman.create(work / "podman")
+        template = busybox_template(work / "busybox")
+        spec_file = podman.spec_dir / "nvidia.yaml"
+
+        def case(name: str, spec: str, devices: list[str]) -> Callable[[int], float]:
+            def start(round_: int) -> float:
+                spec_file.write_text(spec)
+                rootfs = fresh_rootfs(template, work / f"rootfs-{name}")
+                return podman.run(rootfs, devices, ["true"])
+
+            return start
+
+        cases = {"none": case("none", specs["lean"], [])}
+        cases.update({name: case(name, text, [DEVICE]) for name, text in specs.items()})
+        samples = interleaved(cases, args.runs, warmup=2, seed=args.seed)
+        check_hooks_ran(work / "rootfs-lean")
+
+    rows = [row("podman run, no device", samples["none"]),
+            row(f"{DEVICE}, hooks via lean entry", samples["lean"]),
+            row(f"{DEVICE}, hooks via gpuhook console script", samples["console"]),
+            row(f"{DEVICE}, hooks removed", samples["no-hooks"])]
+    added = [row("lean spec - no device", paired(samples, "lean", "none"), TARGET),
+             row("console-script spec - no device", paired(samples, "console", "none")),
+             row("hooks removed - no device (runtime's share)", paired(samples, "no-hooks", "none")),
+             row("lean spec - hooks removed (the hooks' share)", paired(samples, "lean", "no-hooks"))]
+    print_table(f"podman run wall time, {args.gpus}-GPU simulated driver", rows)
+    print_table("CDI path overhead (paired per round)", added)
+    write_json(args, {"gpus": args.gpus, "device": DEVICE, "entry": lean, "hooks": [h["args"][1:3] for h in hooks],
+                      "rows": rows, "overhead": added}, load_before)
+
+
+def check_hooks_ran(rootfs: Path) -> None:
+    """The lean spec's hooks did their work: the ld cache and a soname link exist in the last rootfs."""
+    if not (rootfs / "etc/ld.so.cache").exists():
+        raise BenchError(f"update-ldcache left no ld cache in {rootfs}")
+    if not (rootfs / "usr/lib/x86_64-linux-gnu/libcuda.so.1").is_symlink():
+        raise BenchError(f"create-symlinks left no libcuda.so.1 link in {rootfs}")
+
+
+if __name__ == "__main__":
+    main_guard(bench, parse_args("cdi", __doc__, options))

@@ -1,0 +1,129 @@
+"""Wall time of `runc run` of a trivial busybox container with and without gpuhook's prestart hook.
+
+Cases, interleaved round by round on an 8-GPU simulated driver with a warm inventory cache: (a) no hook,
+(b) hook and no GPU requested, (c) hook and 1 GPU, (d) hook and 8 GPUs with NVIDIA_DRIVER_CAPABILITIES=all.
+The hook is the lean entry script (`gpuhook hook install`, python -IS); the same three hook cases through
+pip's `gpuhook-hook` console script (python with `site`) are measured alongside to show what the entry saves.
+Overheads are per-round differences against (a). Targets (issue 7): 45, 80 and 110 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+
+from _common import (
+    BenchError,
+    console_hook,
+    fake_driver,
+    interleaved,
+    main_guard,
+    need_root_and,
+    paired,
+    parse_args,
+    print_table,
+    row,
+    workdir,
+    write_json,
+)
+from _containers import (
+    busybox_template,
+    fresh_rootfs,
+    hook_entry,
+    install_lean_entry,
+    runc_base_config,
+    runc_run,
+    unique_id,
+    write_bundle,
+    write_hook_config,
+)
+
+GPUS = 8
+REQUESTS: dict[str, tuple[list[str], str]] = {  # case letter -> (env, what the hook must log)
+    "b": ([], "skip request=unset"),
+    "c": (["NVIDIA_VISIBLE_DEVICES=0"], "inject devices="),
+    "d": (["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=all"], "inject devices="),
+}
+LABELS = {"b": "no GPU requested", "c": "1 GPU", "d": f"{GPUS} GPUs, all capabilities"}
+TARGETS = {"b": 45.0, "c": 80.0, "d": 110.0}
+TOOK = re.compile(r"^\S+ (\S+) (.*) took=([\d.]+)ms$")
+
+
+def bench(args: argparse.Namespace) -> None:
+    need_root_and("runc")
+    load_before = list(os.getloadavg())
+    with workdir("hook", args.keep) as work:
+        fake = fake_driver(work / "driver", GPUS)
+        config = write_hook_config(work / "config.toml", fake.root, work)
+        lean = install_lean_entry(work / "gpuhook-hook")
+        entries = {"lean": lean}
+        console = console_hook()
+        if console:
+            entries["console"] = console
+        template = busybox_template(work / "busybox")
+        base = runc_base_config(work)
+        expected: dict[str, tuple[str, str]] = {}  # container id -> (case, expected log text)
+
+        def case(name: str, env: list[str], hook: str | None) -> Callable[[int], float]:
+            def start(round_: int) -> float:
+                bundle = work / f"bundle-{name}"
+                rootfs = fresh_rootfs(template, bundle / "rootfs")
+                hooks = {"prestart": [hook_entry(hook, config)]} if hook else None
+                write_bundle(bundle, base, rootfs, ["true"], env, hooks)
+                cid = unique_id(f"ghb-{name}")
+                if hook:
+                    expected[cid] = (name, REQUESTS[name[0]][1])
+                return runc_run(bundle, cid)
+
+            return start
+
+        cases = {"a": case("a", [], None)}
+        for kind, hook in entries.items():
+            for letter, (env, _) in REQUESTS.items():
+                name = letter if kind == "lean" else f"{letter}-console"
+                cases[name] = case(name, env, hook)
+        samples = interleaved(cases, args.runs, warmup=1, seed=args.seed)
+        took = check_log(work / "gpuhook.log", expected)
+
+    rows = [row("(a) runc run, no hook", samples["a"])]
+    for letter in REQUESTS:
+        rows.append(row(f"({letter}) hook, {LABELS[letter]}", samples[letter], hook_ms=took.get(letter)))
+    for letter in REQUESTS:
+        if f"{letter}-console" in samples:
+            rows.append(row(f"({letter}') console script, {LABELS[letter]}", samples[f"{letter}-console"],
+                            hook_ms=took.get(f"{letter}-console")))
+    overhead = [row(f"({letter}) - (a): {LABELS[letter]}", paired(samples, letter, "a"), TARGETS[letter])
+                for letter in REQUESTS]
+    overhead += [row(f"({letter}') - (a): console script, {LABELS[letter]}", paired(samples, f"{letter}-console", "a"))
+                 for letter in REQUESTS if f"{letter}-console" in samples]
+    print_table("runc run wall time", rows, ["hook_ms"])
+    print("hook_ms: the hook's own 'took=' from its log (median), i.e. without interpreter start-up")
+    print_table("hook overhead (paired per round)", overhead)
+    write_json(args, {"gpus": GPUS, "entry": lean, "rows": rows, "overhead": overhead}, load_before)
+
+
+def check_log(log: Path, expected: dict[str, tuple[str, str]]) -> dict[str, float]:
+    """Every hooked start logged what its request implies; returns the median `took=` per case."""
+    seen: dict[str, list[float]] = {}
+    lines = log.read_text().splitlines() if log.exists() else []
+    found = {}
+    for line in lines:
+        match = TOOK.match(line)
+        if match:
+            found[match.group(1)] = (match.group(2), float(match.group(3)))
+    for cid, (name, text) in expected.items():
+        if cid not in found:
+            raise BenchError(f"the hook logged nothing for {cid} ({name}); log: {log}")
+        summary, ms = found[cid]
+        if not summary.startswith(text):
+            raise BenchError(f"{cid} ({name}): expected '{text}…' in the hook log, got '{summary[:120]}'")
+        seen.setdefault(name, []).append(ms)
+    return {name: round(statistics.median(values), 1) for name, values in seen.items()}
+
+
+if __name__ == "__main__":
+    main_guard(bench, parse_args("hook", __doc__))

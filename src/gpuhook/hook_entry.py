@@ -1,0 +1,213 @@
+"""The lean entry script `gpuhook hook install` writes, and what it runs.
+
+A runtime starts the hook for every container. Through pip's console-script wrapper Python first runs `site`
+(every .pth file of the environment); the installed script instead starts `python -IS` (isolated, no `site`) and
+appends exactly two directories to sys.path, computed at install time: the one holding the `gpuhook` package
+(a source tree for an editable install, site-packages otherwise) and the one holding `_cffi_backend`, which
+the native helper needs. No .pth file runs, no user site and no PYTHON* variable applies, so a container start
+pays only for what the hook itself imports.
+
+The same script also answers `cdi-hook create-symlinks|update-ldcache`, the createContainer hooks of a CDI spec
+generated with `--hook-path` pointing at it, without click. Only arguments it fully understands take that
+path; anything else (help, a malformed option) goes to the click command line, so results and messages are
+those of `gpuhook cdi-hook`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+DEFAULT_PATH = "/usr/local/bin/gpuhook-hook"
+SHEBANG_MAX = 255  # the kernel reads at most 256 bytes of a "#!" line (Linux >= 5.1; 127 before)
+LINK_SEPARATOR = "::"  # as cdi/cli.py
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`cdi-hook …` (a CDI spec's createContainer hooks) or else the OCI hook's own command line."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["cdi-hook"]:
+        return cdi_hook(args[1:])
+    from .hook import main as hook_main
+
+    return hook_main(args)
+
+
+# --- cdi-hook without click ------------------------------------------------------------------------------------
+
+
+def _options(args: Sequence[str], names: tuple[str, ...]) -> list[tuple[str, str]] | None:
+    """(name, value) for `--name value` / `--name=value` pairs; None for anything else."""
+    out: list[tuple[str, str]] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        name, sep, value = arg.partition("=")
+        if name not in names:
+            return None
+        if not sep:
+            if i + 1 >= len(args):
+                return None
+            value = args[i + 1]
+            i += 1
+        if value.startswith("-"):
+            return None
+        out.append((name, value))
+        i += 1
+    return out
+
+
+def _create_symlinks_args(args: Sequence[str]) -> list[tuple[str, str]] | None:
+    pairs = _options(args, ("--link",))
+    if pairs is None:
+        return None
+    links = []
+    for _name, value in pairs:
+        target, sep, link = value.partition(LINK_SEPARATOR)
+        if not sep or not target or not link.startswith("/"):
+            return None
+        links.append((target, link))
+    return links
+
+
+def _update_ldcache_args(args: Sequence[str]) -> tuple[list[str], str] | None:
+    pairs = _options(args, ("--folder", "--ldconfig-path"))
+    if pairs is None:
+        return None
+    folders = [value for name, value in pairs if name == "--folder"]
+    ldconfig = [value for name, value in pairs if name == "--ldconfig-path"]
+    if len(ldconfig) > 1 or not all(f.startswith("/") for f in folders):
+        return None
+    return folders, (ldconfig[0] if ldconfig else "/sbin/ldconfig")
+
+
+def _container_rootfs() -> str:
+    """As cdi/cli.py's: from the OCI state on stdin; plain JSON first, oci.bundle for anything unusual."""
+    from .hook import rootfs_quick
+
+    state_text = sys.stdin.buffer.read()
+    rootfs = rootfs_quick(state_text)
+    if rootfs is not None:
+        return rootfs
+    from .oci.bundle import load_bundle, parse_state
+
+    return load_bundle(parse_state(state_text).bundle).rootfs
+
+
+def _create_symlinks(links: list[tuple[str, str]]) -> None:
+    from .inject.rootfs import RootFS
+
+    with RootFS(_container_rootfs()) as rootfs:
+        for target, link in links:
+            rootfs.symlink(target, link)
+
+
+def _update_ldcache(folders: list[str], ldconfig_path: str) -> None:
+    from .inject.ldcache import open_ldconfig, update_ldcache
+    from .inject.rootfs import RootFS
+
+    rootfs_path = _container_rootfs()
+    fd = open_ldconfig(ldconfig_path)
+    try:
+        with RootFS(rootfs_path) as rootfs:
+            update_ldcache(rootfs, folders, fd)
+    finally:
+        os.close(fd)
+
+
+def cdi_hook(args: Sequence[str]) -> int:
+    """`gpuhook cdi-hook ARGS` with the exit status and messages of the click command (cdi/cli.py)."""
+    command, rest = (args[0], args[1:]) if args else ("", [])
+    run = None
+    if command == "create-symlinks":
+        links = _create_symlinks_args(rest)
+        if links is not None:
+            run = lambda: _create_symlinks(links)  # noqa: E731
+    elif command == "update-ldcache":
+        parsed = _update_ldcache_args(rest)
+        if parsed is not None:
+            run = lambda: _update_ldcache(*parsed)  # noqa: E731
+    if run is None:
+        from .cli import main as cli_main
+
+        return cli_main(["cdi-hook", *args])
+    from .errors import GpuhookError
+
+    try:
+        run()
+    except GpuhookError as exc:
+        print(f"gpuhook: {exc}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        return 1
+    return 0
+
+
+# --- installing the entry script -------------------------------------------------------------------------------
+
+
+def search_paths() -> list[str]:
+    """The directories the entry script adds to sys.path: gpuhook's parent, then _cffi_backend's."""
+    import importlib.util
+
+    import gpuhook
+
+    from .errors import GpuhookError
+
+    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(gpuhook.__file__ or "")))
+    spec = importlib.util.find_spec("_cffi_backend")
+    if spec is None or not spec.origin:
+        raise GpuhookError("cannot find _cffi_backend (the cffi package) for this Python: is gpuhook installed?")
+    paths = [package_parent, os.path.dirname(os.path.abspath(spec.origin))]
+    return list(dict.fromkeys(paths))
+
+
+def entry_script(python: str, paths: Sequence[str]) -> str:
+    """The text of the entry script: `python -IS`, `paths` appended to sys.path, hook_entry.main."""
+    from .errors import GpuhookError
+
+    shebang = f"#!{python} -IS"
+    if not os.path.isabs(python) or any(c.isspace() for c in python):
+        raise GpuhookError(f"interpreter path {python!r} cannot go on a #! line (relative or has whitespace)")
+    if len(shebang.encode()) > SHEBANG_MAX:
+        raise GpuhookError(f"interpreter path {python!r} is too long for a #! line ({SHEBANG_MAX} bytes at most)")
+    return (
+        f"{shebang}\n"
+        "# gpuhook's OCI hook (and CDI createContainer hook) entry, written by `gpuhook hook install`.\n"
+        "# -IS: no site and no environment variables, so a container start pays only for what the hook imports.\n"
+        "import sys\n"
+        f"sys.path += {list(paths)!r}\n"
+        "from gpuhook.hook_entry import main\n"
+        "sys.exit(main())\n"
+    )
+
+
+def _check(python: str, paths: Sequence[str]) -> None:
+    """Import the hook's modules the way the script will (-IS, only `paths`), before anything is written."""
+    import subprocess
+
+    from .errors import GpuhookError
+
+    code = f"import sys; sys.path += {list(paths)!r}; import gpuhook.hook_entry, gpuhook.hook, gpuhook._native"
+    result = subprocess.run([python, "-IS", "-c", code], stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                            check=False)  # fmt: skip
+    if result.returncode != 0:
+        last = (result.stderr.strip().splitlines() or [f"exit status {result.returncode}"])[-1]
+        raise GpuhookError(f"{python} -IS cannot import the hook with {list(paths)}: {last}")
+
+
+def install(path: str = DEFAULT_PATH, python: str | None = None) -> str:
+    """Write the entry script to `path` (atomically, mode 0755) for `python` (default: this interpreter)."""
+    from .atomic import write_atomic
+
+    python = python or sys.executable
+    paths = search_paths()
+    text = entry_script(python, paths)
+    _check(python, paths)
+    target = os.path.abspath(path)
+    write_atomic(target, text.encode(), 0o755)
+    return target

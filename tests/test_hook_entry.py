@@ -1,0 +1,362 @@
+"""The lean hook entry (`gpuhook hook install`) and the fast paths behind it.
+
+The entry script starts `python -IS` with two sys.path entries; it must run the prestart hook (no-GPU fast path
+and a real runc container with a GPU) and the CDI spec's `cdi-hook` calls exactly as the full commands do.
+The fast paths it relies on (quick_skip, the JSON loader without `json`, the config subset without tomllib)
+must give what the full paths give, which is checked against them here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from support.e2e import need_root, need_tool
+from support.glibc import glibc_rootfs
+from support.runc import busybox_rootfs, make_bundle, need_busybox, runc_run, unique_id
+from test_hook_e2e import PROBE, nodes, write_config
+
+import gpuhook
+from gpuhook import hook, hook_entry
+from gpuhook.config import Config, load_config, parse_config, parse_simple
+from gpuhook.errors import GpuhookError
+
+WATCHED = ("yaml", "jsonschema", "click", "grpc", "pynvml")
+HOOK_ENV = ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"]
+
+
+@pytest.fixture(scope="module")
+def entry(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return Path(hook_entry.install(str(tmp_path_factory.mktemp("entry") / "bin" / "gpuhook-hook")))
+
+
+def state(bundle: Path, cid: str = "c1", pid: int = 1) -> bytes:
+    return json.dumps({"ociVersion": "1.0.2", "id": cid, "pid": pid, "status": "creating",
+                       "bundle": str(bundle)}).encode()  # fmt: skip
+
+
+def bundle_dir(tmp: Path, env: list[str], **config: Any) -> Path:
+    bundle = tmp / "bundle"
+    (bundle / "rootfs").mkdir(parents=True, exist_ok=True)
+    spec = {"root": {"path": "rootfs"}, "process": {"env": ["PATH=/bin", *env]}, **config}
+    (bundle / "config.json").write_text(json.dumps(spec))
+    return bundle
+
+
+def run_entry(entry: Path, args: list[str], stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([str(entry), *args], input=stdin, capture_output=True, timeout=60, check=False)
+
+
+# --- the installed script -------------------------------------------------------------------------------------
+
+
+def test_script_starts_python_isolated_with_exact_paths(entry: Path) -> None:
+    text = entry.read_text()
+    assert text.splitlines()[0] == f"#!{sys.executable} -IS"  # one word after the interpreter: Linux passes one
+    assert stat.S_IMODE(entry.stat().st_mode) == 0o755
+    paths = hook_entry.search_paths()
+    assert f"sys.path += {paths!r}" in text
+    assert (Path(paths[0]) / "gpuhook" / "__init__.py").is_file()
+    assert any(name.startswith("_cffi_backend") for name in os.listdir(paths[-1]))
+    assert [p.name for p in entry.parent.iterdir()] == ["gpuhook-hook"]  # no temp file left behind
+
+
+def test_install_replaces_atomically_through_the_cli(tmp_path: Path) -> None:
+    from gpuhook.cli import main
+
+    target = tmp_path / "gpuhook-hook"
+    target.write_text("old")
+    before = target.stat().st_ino
+    assert main(["hook", "install", "--path", str(target)]) == 0
+    assert target.read_text().startswith("#!") and target.stat().st_ino != before
+    assert stat.S_IMODE(target.stat().st_mode) == 0o755
+
+
+def test_install_refuses_an_interpreter_a_shebang_cannot_carry(tmp_path: Path) -> None:
+    with pytest.raises(GpuhookError, match="whitespace"):
+        hook_entry.install(str(tmp_path / "h"), python="/opt/my python/bin/python3")
+    with pytest.raises(GpuhookError, match="too long"):
+        hook_entry.install(str(tmp_path / "h"), python="/" + "p" * 300)
+    assert not (tmp_path / "h").exists()
+
+
+def test_works_from_a_non_editable_layout(tmp_path: Path) -> None:
+    """gpuhook copied into a plain site directory (as a wheel installs it): the script points there."""
+    site = tmp_path / "site"
+    shutil.copytree(Path(gpuhook.__file__).parent, site / "gpuhook", ignore=shutil.ignore_patterns("__pycache__"))
+    target = tmp_path / "gpuhook-hook"
+    code = (f"import sys; sys.path.insert(0, {str(site)!r}); import gpuhook.hook_entry as h; "
+            f"assert h.__file__.startswith({str(site)!r}); h.install({str(target)!r})")  # fmt: skip
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, timeout=60)
+    assert f"sys.path += [{str(site)!r}, " in target.read_text()
+    config = write_config(tmp_path, Path("/"))
+    result = run_entry(target, ["--config", str(config)], state(bundle_dir(tmp_path, [])))
+    assert result.returncode == 0, result.stderr
+    assert " skip request=unset took=" in (tmp_path / "gpuhook.log").read_text()
+
+
+# --- the prestart hook through the entry ------------------------------------------------------------------------
+
+
+def test_no_gpu_fast_path(entry: Path, tmp_path: Path) -> None:
+    config = write_config(tmp_path, Path("/nonexistent-driver"))  # never looked at for a container without GPU
+    result = run_entry(entry, ["--config", str(config), "prestart"], state(bundle_dir(tmp_path, []), "plain-1"))
+    assert result.returncode == 0 and result.stderr == b""
+    (line,) = (tmp_path / "gpuhook.log").read_text().splitlines()
+    assert " plain-1 skip request=unset took=" in line
+
+
+def test_no_gpu_fast_path_imports_only_the_basics(entry: Path, tmp_path: Path) -> None:
+    config = write_config(tmp_path, Path("/"))
+    result = subprocess.run([sys.executable, "-IS", "-X", "importtime", str(entry), "--config", str(config)],
+                            input=state(bundle_dir(tmp_path, [])), capture_output=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    imported = {line.split("|")[-1].strip() for line in result.stderr.decode().splitlines() if "|" in line}
+    assert not imported & {"json", "re", "dataclasses", "typing", "tomllib", "gpuhook.request", "gpuhook.oci.bundle"}
+
+
+def test_errors_keep_their_wording(entry: Path, tmp_path: Path) -> None:
+    config = write_config(tmp_path, Path("/"))
+    bad = run_entry(entry, ["--config", str(config)], b'{"id": "x", "bundle": "relative"}')
+    assert bad.returncode == 1 and b"gpuhook-hook: OCI state: invalid bundle 'relative'" in bad.stderr
+    missing = run_entry(entry, ["--config", str(tmp_path / "absent.toml")], b"{}")
+    assert missing.returncode == 1 and b"config file" in missing.stderr and b"not found" in missing.stderr
+    usage = run_entry(entry, ["--bogus"])
+    assert usage.returncode == 1 and b"unexpected argument '--bogus'" in usage.stderr
+
+
+@pytest.fixture()
+def runc_e2e(tmp_path: Path) -> Path:
+    need_root()
+    need_tool("runc")
+    need_busybox()
+    return tmp_path
+
+
+@pytest.mark.e2e
+def test_runc_container_with_one_gpu_through_the_entry(runc_e2e: Path, entry: Path, fake_driver: Any) -> None:
+    """A real container: node, libraries, ld cache, CUDA sees one GPU; with a warm cache no heavy module loads."""
+    tmp = runc_e2e
+    config = write_config(tmp, Path(fake_driver.root))
+    traces = tmp / "traces"
+    traces.mkdir()
+    traced = tmp / "traced-hook"
+    traced.write_text(f'#!/bin/sh\nexec {sys.executable} -IS -X importtime {entry} "$@" 2>"{traces}/$$"\n')
+    traced.chmod(0o755)
+    for round_, hook_path in enumerate((entry, traced)):  # the first start fills the inventory cache
+        work = tmp / f"run{round_}"
+        rootfs = glibc_rootfs(work, probe_cache=tmp / "probe")
+        hooks = {"prestart": [{"path": str(hook_path), "args": ["gpuhook-hook", "--config", str(config), "prestart"],
+                               "env": HOOK_ENV}]}  # fmt: skip
+        bundle = make_bundle(work, rootfs, ["sh", "-c", PROBE], env=["NVIDIA_VISIBLE_DEVICES=1"], hooks=hooks)
+        result = runc_run(bundle, unique_id("entry"))
+        assert result.returncode == 0, result.stderr
+        assert nodes(result.stdout) == ["nvidia-uvm", "nvidia-uvm-tools", "nvidia1", "nvidiactl"]
+        assert "cuInit=0 count=1 version=12040" in result.stdout
+    log = (tmp / "gpuhook.log").read_text().splitlines()
+    assert len(log) == 2 and all(" inject devices=" in line for line in log)
+    (trace,) = traces.iterdir()
+    imported = {line.split("|")[-1].strip() for line in trace.read_text().splitlines() if "|" in line}
+    assert "gpuhook.inject.apply" in imported
+    assert not {m.split(".")[0] for m in imported} & set(WATCHED)
+
+
+# --- cdi-hook through the entry: the click command's results and messages ---------------------------------------
+
+
+def cdi_twins(tmp: Path) -> list[tuple[Path, bytes]]:
+    out = []
+    for name in ("lean", "click"):
+        bundle = tmp / name
+        busybox_rootfs(bundle)
+        (bundle / "config.json").write_text(json.dumps({"root": {"path": "rootfs"}}))
+        out.append((bundle, state(bundle)))
+    return out
+
+
+def click_cdi_hook(args: list[str], stdin: bytes) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([sys.executable, "-m", "gpuhook.cli", "cdi-hook", *args], input=stdin,
+                          capture_output=True, timeout=60, check=False)  # fmt: skip
+
+
+def test_cdi_hook_create_symlinks_as_click(entry: Path, tmp_path: Path) -> None:
+    args = ["create-symlinks", "--link", "libcuda.so.550::/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+            "--link=libcuda.so.1::/usr/lib/x86_64-linux-gnu/libcuda.so"]  # fmt: skip
+    (lean, lean_state), (ref, ref_state) = cdi_twins(tmp_path)
+    assert run_entry(entry, ["cdi-hook", *args], lean_state).returncode == 0
+    assert click_cdi_hook(args, ref_state).returncode == 0
+    for bundle in (lean, ref):
+        libdir = bundle / "rootfs/usr/lib/x86_64-linux-gnu"
+        assert os.readlink(libdir / "libcuda.so.1") == "libcuda.so.550"
+        assert os.readlink(libdir / "libcuda.so") == "libcuda.so.1"
+
+
+def test_cdi_hook_update_ldcache_as_click(entry: Path, tmp_path: Path) -> None:
+    need_root()
+    (lean, lean_state), (ref, ref_state) = cdi_twins(tmp_path)
+    args = ["update-ldcache", "--folder", "/usr/lib/x86_64-linux-gnu"]
+    lean_result = run_entry(entry, ["cdi-hook", *args], lean_state)
+    assert lean_result.returncode == 0, lean_result.stderr
+    assert click_cdi_hook(args, ref_state).returncode == 0
+    for bundle in (lean, ref):
+        assert (bundle / "rootfs/etc/ld.so.cache").is_file()
+        assert (bundle / "rootfs/etc/ld.so.conf.d/00-gpuhook.conf").read_text() == "/usr/lib/x86_64-linux-gnu\n"
+
+
+@pytest.mark.parametrize("args", [
+    ["create-symlinks", "--link", "no-separator"],
+    ["create-symlinks", "--link", "a::relative"],
+    ["create-symlinks", "--bogus"],
+    ["create-symlinks", "--link"],
+    ["update-ldcache", "--folder", "relative"],
+    ["update-ldcache", "--ldconfig-path", "/a", "--ldconfig-path", "/b", "--help"],
+    ["update-ldcache", "extra"],
+    ["no-such-hook"],
+    [],
+])  # fmt: skip
+def test_cdi_hook_usage_errors_are_clicks(entry: Path, tmp_path: Path, args: list[str]) -> None:
+    lean = run_entry(entry, ["cdi-hook", *args], b"{}")
+    ref = click_cdi_hook(args, b"{}")
+    assert (lean.returncode, lean.stdout, lean.stderr) == (ref.returncode, ref.stdout, ref.stderr)
+
+
+def test_cdi_hook_runtime_errors_are_clicks(entry: Path, tmp_path: Path) -> None:
+    for stdin in (b"not json", json.dumps({"id": "x", "bundle": str(tmp_path / "absent")}).encode()):
+        lean = run_entry(entry, ["cdi-hook", "create-symlinks", "--link", "a::/b"], stdin)
+        ref = click_cdi_hook(["create-symlinks", "--link", "a::/b"], stdin)
+        assert lean.returncode == ref.returncode == 1
+        assert lean.stderr == ref.stderr and lean.stderr.startswith(b"gpuhook: ")
+
+
+# --- the fast paths agree with the full ones --------------------------------------------------------------------
+
+
+SIGNALS = [
+    (["NVIDIA_VISIBLE_DEVICES=0"], {}),
+    (["NVIDIA_VISIBLE_DEVICES=void"], {}),
+    (["NVIDIA_VISIBLE_DEVICES="], {}),
+    (["CUDA_VERSION=12.2"], {}),
+    ([], {"mounts": [{"destination": "/var/run/nvidia-container-devices/0", "source": "/dev/null"}]}),
+    ([], {"annotations": {"cdi.k8s.io/x": "nvidia.com/gpu=0"}}),
+    ([], {"annotations": {"cdi.k8s.io/x": "vendor.com/other=0"}}),
+]
+
+
+@pytest.mark.parametrize(("env", "extra"), SIGNALS)
+def test_any_gpu_signal_takes_the_full_path(tmp_path: Path, env: list[str], extra: dict[str, Any]) -> None:
+    assert hook.quick_skip(state(bundle_dir(tmp_path, env, **extra))) is None
+
+
+@pytest.mark.parametrize("text", [
+    b"", b"[]", b'{"id": "", "bundle": "/b"}', b'{"id": "x", "bundle": "b"}', b'{"id": "x", "bundle": "/b", "pid": -1}',
+    b'{"id": "x", "bundle": "/b", "pid": true}', b'{"id": "x", "bundle": "/nonexistent"}',
+    b'{"id": "x", "bundle": "/tmp\\u0000"}', b"[" * 100000 + b"]" * 100000,
+])  # fmt: skip
+def test_malformed_states_take_the_full_path(text: bytes) -> None:
+    assert hook.quick_skip(text) is None
+
+
+@pytest.mark.parametrize(("env", "extra"), [([], {}), (["OTHER=1"], {"annotations": {"a": "b"}}),
+                                            ([], {"root": {"path": "root\u0000fs"}}), ([], {"root": {"path": ""}}),
+                                            *SIGNALS])
+def test_fast_and_full_path_log_the_same(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, env: list[str],
+                                         extra: dict[str, Any]) -> None:
+    text = state(bundle_dir(tmp_path, env, **extra), pid=0)
+    config = Config(driver_root=str(tmp_path / "no-driver"), inventory_cache="")
+
+    def outcome() -> str:
+        try:
+            return hook.run(text, config)
+        except GpuhookError as exc:
+            return f"error: {exc}"
+
+    fast = outcome()
+    monkeypatch.setattr(hook, "quick_skip", lambda _text: None)
+    assert outcome() == fast
+
+
+def test_rootfs_quick_is_load_bundles(tmp_path: Path) -> None:
+    from gpuhook.oci.bundle import load_bundle
+
+    for root in ("rootfs", "./a/../rootfs/", str(tmp_path / "abs")):
+        bundle = bundle_dir(tmp_path, [])
+        spec = json.loads((bundle / "config.json").read_text())
+        spec["root"]["path"] = root
+        (bundle / "config.json").write_text(json.dumps(spec))
+        assert hook.rootfs_quick(state(bundle)) == load_bundle(str(bundle)).rootfs
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.one_of(st.binary(max_size=40), st.from_regex(rb'\A[ \t\n\r{}\[\]:,"0-9a-z.eE+\\-]{0,40}\Z'),
+                 st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+                              lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=3), c, max_size=3),
+                              max_leaves=8).map(lambda v: json.dumps(v).encode())))  # fmt: skip
+def test_loads_is_json_loads(data: bytes) -> None:
+    try:
+        expected: Any = ("ok", json.dumps(json.loads(data)))
+    except (ValueError, RecursionError) as exc:
+        expected = ("error", type(exc), str(exc))
+    try:
+        got: Any = ("ok", json.dumps(hook.loads(data)))
+    except (ValueError, RecursionError) as exc:
+        got = ("error", type(exc), str(exc))
+    assert got == expected
+
+
+_TOML_PIECES = ["key", "driver-root", "a_b", " ", "\t", "=", " = ", '"', "'", "[", "]", ",", "#", "true", "false",
+                "1", "\\", "\n", "\r", "\x00", "\x1f", "\x7f", "é", "\u2028", "\ufeff", ".", "{", '"s"', "'l'",
+                '"""', "\x0b", "\u00a0"]  # fmt: skip
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.lists(st.sampled_from(_TOML_PIECES), max_size=16).map("".join),
+       st.sampled_from(["", "k = ", "a = [", 'b = ["x", ', "c = '", "d = true"]))
+def test_config_subset_is_tomllib(tail: str, head: str) -> None:
+    text = head + tail
+    fast = parse_simple(text)
+    if fast is not None:
+        assert fast == tomllib.loads(text)
+
+
+def test_config_subset_reads_real_configs_without_tomllib(tmp_path: Path) -> None:
+    text = ('# gpuhook\ndriver-root = "/run/nvidia/driver"   # the driver container\n\n'
+            "log-file = ''\naccept-envvar-unprivileged = false\n"
+            'supported-capabilities = [ "compute", \'utility\', ]\n')  # fmt: skip
+    assert parse_simple(text) == tomllib.loads(text)
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    config = load_config(str(path))
+    assert config.supported_capabilities == ("compute", "utility") and config.log_file == ""
+    code = f"from gpuhook.config import load_config; load_config({str(path)!r})"
+    trace = subprocess.run([sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True, check=True)
+    assert "tomllib" not in trace.stderr
+
+
+def test_config_outside_the_subset_goes_to_tomllib() -> None:
+    text = 'driver-root = "/a\\u0062"\n[table]\n'
+    assert parse_simple(text) is None
+    with pytest.raises(GpuhookError, match="unknown key 'table'"):
+        parse_config(text)
+
+
+def test_config_is_immutable_and_compares_by_value() -> None:
+    from gpuhook import driverfiles
+
+    config = Config()
+    assert config.supported_capabilities == driverfiles.CAPABILITIES
+    assert config == Config(supported_capabilities=driverfiles.CAPABILITIES) == Config(source="elsewhere")
+    assert config != Config(log_file="")
+    with pytest.raises(AttributeError):
+        config.log_file = ""  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        Config(bogus=1)
