@@ -239,7 +239,7 @@ def test_gpu_request_rewrites_then_execs_with_the_same_argv(tmp_path: Path, fake
     config = json.loads((bundle / "config.json").read_text())
     paths = [d["path"] for d in config["linux"]["devices"]]
     assert "/dev/nvidia1" in paths and "/dev/nvidia0" not in paths
-    assert config["hooks"]["createContainer"][0]["args"][1:3] == ["cdi-hook", "create-symlinks"]
+    assert config["hooks"]["createContainer"][0]["args"][1:3] == ["cdi-hook", "update-container"]
     assert " runtime inject devices=" in (tmp_path / "gpuhook.log").read_text()
 
 

@@ -185,31 +185,19 @@ def run(state_text: bytes, config) -> str:  # type: ignore[no-untyped-def]
 
 
 def _inject(config, pid: int, rootfs: str, request) -> str:  # type: ignore[no-untyped-def]
-    from .discover.roots import Roots
-    from .edits import plan
     from .inject.apply import inject
     from .inject.devcgroup import DeviceRule, allow_devices
-    from .invcache import inventory
-    from .select import resolve
+    from .planfor import plan_request
 
-    roots = Roots.make(config.driver_root, config.dev_root or None, config.proc_root)
-    inv = inventory(roots, config.inventory_cache)
-    selection = resolve(inv, request)
-    if request.requirements:  # require.py (its parsers) is only loaded for a container that has constraints
-        from . import require
-
-        require.check(inv, request.requirements, selection.devices)
-    edits = plan(inv, selection)
+    planned = plan_request(config, request)
     if pid <= 0:
         from .errors import InjectionError
 
         raise InjectionError("OCI state has no pid: run gpuhook-hook at the prestart or createRuntime stage")
+    edits = planned.edits
     inject(pid, rootfs, edits, config.ldconfig, proc_root=config.proc_root)
     cgroup = allow_devices(pid, [DeviceRule(n.type, n.major, n.minor, "rwm") for n in edits.device_nodes])
-    names = ",".join(d.uuid or str(d.index) for d in selection.devices) or "none"
-    caps = ",".join(sorted(selection.capabilities))
-    return (f"inject devices={names} caps={caps} nodes={len(edits.device_nodes)} mounts={len(edits.mounts)} "
-            f"links={len(edits.symlinks)} cgroup={cgroup}")
+    return f"inject {planned.summary()} cgroup={cgroup}"
 
 
 def main(argv: list[str] | None = None) -> int:

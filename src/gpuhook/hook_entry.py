@@ -24,7 +24,6 @@ if TYPE_CHECKING:
 
 DEFAULT_PATH = "/usr/local/bin/gpuhook-hook"
 SHEBANG_MAX = 255  # the kernel reads at most 256 bytes of a "#!" line (Linux >= 5.1; 127 before)
-LINK_SEPARATOR = "::"  # as cdi/cli.py
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -61,84 +60,36 @@ def _options(args: Sequence[str], names: tuple[str, ...]) -> list[tuple[str, str
     return out
 
 
-def _create_symlinks_args(args: Sequence[str]) -> list[tuple[str, str]] | None:
-    pairs = _options(args, ("--link",))
+def _hook_args(command: str, args: Sequence[str]) -> tuple[list[tuple[str, str]], list[str], str] | None:
+    """(links, folders, ldconfig) for the cdi-hook sub-commands, None for anything click should answer."""
+    from .cdi.containerhooks import DEFAULT_LDCONFIG, parse_link
+
+    allowed = {"create-symlinks": ("--link",), "update-ldcache": ("--folder", "--ldconfig-path"),
+               "update-container": ("--link", "--folder", "--ldconfig-path")}.get(command)
+    pairs = _options(args, allowed) if allowed else None
     if pairs is None:
         return None
-    links = []
-    for _name, value in pairs:
-        target, sep, link = value.partition(LINK_SEPARATOR)
-        if not sep or not target or not link.startswith("/"):
-            return None
-        links.append((target, link))
-    return links
-
-
-def _update_ldcache_args(args: Sequence[str]) -> tuple[list[str], str] | None:
-    pairs = _options(args, ("--folder", "--ldconfig-path"))
-    if pairs is None:
+    links = [parse_link(v) for n, v in pairs if n == "--link"]
+    folders = [v for n, v in pairs if n == "--folder"]
+    ldconfig = [v for n, v in pairs if n == "--ldconfig-path"]
+    if None in links or len(ldconfig) > 1 or not all(f.startswith("/") for f in folders):
         return None
-    folders = [value for name, value in pairs if name == "--folder"]
-    ldconfig = [value for name, value in pairs if name == "--ldconfig-path"]
-    if len(ldconfig) > 1 or not all(f.startswith("/") for f in folders):
-        return None
-    return folders, (ldconfig[0] if ldconfig else "/sbin/ldconfig")
-
-
-def _container_rootfs() -> str:
-    """As cdi/cli.py's: from the OCI state on stdin; plain JSON first, oci.bundle for anything unusual."""
-    from .hook import rootfs_quick
-
-    state_text = sys.stdin.buffer.read()
-    rootfs = rootfs_quick(state_text)
-    if rootfs is not None:
-        return rootfs
-    from .oci.bundle import load_bundle, parse_state
-
-    return load_bundle(parse_state(state_text).bundle).rootfs
-
-
-def _create_symlinks(links: list[tuple[str, str]]) -> None:
-    from .inject.rootfs import RootFS
-
-    with RootFS(_container_rootfs()) as rootfs:
-        for target, link in links:
-            rootfs.symlink(target, link)
-
-
-def _update_ldcache(folders: list[str], ldconfig_path: str) -> None:
-    from .inject.ldcache import open_ldconfig, update_ldcache
-    from .inject.rootfs import RootFS
-
-    rootfs_path = _container_rootfs()
-    fd = open_ldconfig(ldconfig_path)
-    try:
-        with RootFS(rootfs_path) as rootfs:
-            update_ldcache(rootfs, folders, fd)
-    finally:
-        os.close(fd)
+    return links, folders, (ldconfig[0] if ldconfig else DEFAULT_LDCONFIG)  # type: ignore[return-value]
 
 
 def cdi_hook(args: Sequence[str]) -> int:
     """`gpuhook cdi-hook ARGS` with the exit status and messages of the click command (cdi/cli.py)."""
     command, rest = (args[0], args[1:]) if args else ("", [])
-    run = None
-    if command == "create-symlinks":
-        links = _create_symlinks_args(rest)
-        if links is not None:
-            run = lambda: _create_symlinks(links)  # noqa: E731
-    elif command == "update-ldcache":
-        parsed = _update_ldcache_args(rest)
-        if parsed is not None:
-            run = lambda: _update_ldcache(*parsed)  # noqa: E731
-    if run is None:
+    parsed = _hook_args(command, rest)
+    if parsed is None:
         from .cli import main as cli_main
 
         return cli_main(["cdi-hook", *args])
+    from .cdi.containerhooks import container_rootfs, update_container
     from .errors import GpuhookError
 
     try:
-        run()
+        update_container(container_rootfs(sys.stdin.buffer.read()), *parsed)
     except GpuhookError as exc:
         print(f"gpuhook: {exc}", file=sys.stderr)
         return 1

@@ -157,14 +157,13 @@ def apply_edits(config: dict[str, Any], edits: Any, hook_path: str) -> dict[str,
 
 
 def gpuhook_executable() -> str:
-    """The installed `gpuhook` the createContainer hooks run (beside this interpreter, else on PATH)."""
-    beside = os.path.join(os.path.dirname(sys.executable), "gpuhook")
-    if os.path.isfile(beside) and os.access(beside, os.X_OK):
-        return os.path.abspath(beside)
-    found = shutil.which("gpuhook")
-    if found:
-        return os.path.abspath(found)
-    raise ShimError(f"cannot find the gpuhook executable next to {sys.executable} or on PATH")
+    """The installed `gpuhook` the createContainer hooks run (installed.py)."""
+    from .installed import gpuhook_executable as installed
+
+    found = installed()
+    if found is None:
+        raise ShimError(f"cannot find the gpuhook executable next to {sys.executable} or on PATH")
+    return found
 
 
 def _self_paths() -> set[str]:
@@ -206,14 +205,10 @@ def prepare(inv: Invocation, config_path: str | None) -> tuple[str, str]:
 
     Returns (log file, log line). Everything is checked before the one atomic write, so a failure changes nothing.
     """
-    from . import require
     from .config import load_config
-    from .discover.roots import Roots
-    from .edits import plan
-    from .invcache import inventory
     from .oci.bundle import load_bundle
+    from .planfor import plan_request
     from .request import is_privileged, parse_request
-    from .select import resolve
 
     config = load_config(config_path)
     bundle = load_bundle(inv.bundle)
@@ -224,20 +219,13 @@ def prepare(inv: Invocation, config_path: str | None) -> tuple[str, str]:
         return config.log_file, f"{inv.container_id} runtime skip request={request.kind}{notes}"
     if has_gpuhook_hook(bundle.config):
         return config.log_file, f"{inv.container_id} runtime skip: a gpuhook prestart hook will inject"
-    roots = Roots.make(config.driver_root, config.dev_root or None, config.proc_root)
-    inventory_ = inventory(roots, config.inventory_cache)
-    selection = resolve(inventory_, request)
-    require.check(inventory_, request.requirements, selection.devices)
-    edits = plan(inventory_, selection)
+    planned = plan_request(config, request)
     path = os.path.join(inv.bundle, "config.json")
-    new = apply_edits(bundle.config, edits, gpuhook_executable())
+    new = apply_edits(bundle.config, planned.edits, gpuhook_executable())
     from .atomic import write_atomic
 
     write_atomic(path, (json.dumps(new, indent=2) + "\n").encode(), os.stat(path).st_mode & 0o7777)
-    names = ",".join(d.uuid or str(d.index) for d in selection.devices) or "none"
-    caps = ",".join(sorted(selection.capabilities))
-    return config.log_file, (f"{inv.container_id} runtime inject devices={names} caps={caps} "
-                             f"nodes={len(edits.device_nodes)} mounts={len(edits.mounts)}{notes}")
+    return config.log_file, f"{inv.container_id} runtime inject {planned.summary()}{notes}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

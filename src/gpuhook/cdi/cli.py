@@ -7,7 +7,6 @@ imported inside the commands, so `cdi-hook`, which the runtime runs at every con
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 
 import click
@@ -16,18 +15,15 @@ from ..cli import load_inventory, root_options
 from .errors import CdiError
 from .names import DEFAULT_NAME_STRATEGIES, NAME_STRATEGIES
 
-LINK_SEPARATOR = "::"
-
 
 def default_hook_path() -> str:
-    """The installed `gpuhook`: next to this interpreter (a venv's bin), else on PATH; always absolute."""
-    beside = os.path.join(os.path.dirname(sys.executable), "gpuhook")
-    if os.path.isfile(beside) and os.access(beside, os.X_OK):
-        return os.path.abspath(beside)
-    found = shutil.which("gpuhook")
-    if found:
-        return os.path.abspath(found)
-    raise CdiError(f"cannot find the gpuhook executable next to {sys.executable} or on PATH; pass --hook-path")
+    """The installed `gpuhook` the spec's hooks call (see installed.py); absolute."""
+    from ..installed import gpuhook_executable
+
+    found = gpuhook_executable()
+    if found is None:
+        raise CdiError(f"cannot find the gpuhook executable next to {sys.executable} or on PATH; pass --hook-path")
+    return found
 
 
 @click.command("generate-cdi")
@@ -135,54 +131,58 @@ def cdi_hook() -> None:
     """Run by the container runtime as a CDI createContainer hook (OCI state JSON on stdin)."""
 
 
-def _container_rootfs() -> str:
-    """The starting container's rootfs, from the OCI state on stdin and its bundle's config.json."""
-    from ..oci.bundle import load_bundle, parse_state
-
-    state = parse_state(sys.stdin.buffer.read())
-    return load_bundle(state.bundle).rootfs
-
-
 def _parse_link(_ctx: click.Context, _param: click.Parameter, values: tuple[str, ...]) -> list[tuple[str, str]]:
+    from .containerhooks import parse_link
+
     links = []
     for value in values:
-        target, sep, link = value.partition(LINK_SEPARATOR)
-        if not sep or not target or not link.startswith("/"):
+        parsed = parse_link(value)
+        if parsed is None:
             raise click.BadParameter(f"{value!r}: expected TARGET::/absolute/link")
-        links.append((target, link))
+        links.append(parsed)
     return links
 
 
+def _check_folders(_ctx: click.Context, _param: click.Parameter, values: tuple[str, ...]) -> list[str]:
+    for folder in values:
+        if not folder.startswith("/"):
+            raise click.BadParameter(f"{folder!r} is not an absolute path")
+    return list(values)
+
+
+_LINK_OPTION = click.option("--link", "links", multiple=True, callback=_parse_link, metavar="TARGET::LINK",
+                            help="Create LINK (absolute, in the container) pointing at TARGET; repeatable.")
+_FOLDER_OPTION = click.option("--folder", "folders", multiple=True, callback=_check_folders, metavar="DIR",
+                              help="Container folder holding injected libraries; repeatable.")
+_LDCONFIG_OPTION = click.option("--ldconfig-path", default="/sbin/ldconfig", show_default=True,
+                                help="The host's ldconfig (never the image's).")
+
+
+def _run(links: list[tuple[str, str]], folders: list[str], ldconfig_path: str) -> None:
+    from .containerhooks import container_rootfs, update_container
+
+    update_container(container_rootfs(sys.stdin.buffer.read()), links, folders, ldconfig_path)
+
+
+@cdi_hook.command("update-container")
+@_LINK_OPTION
+@_FOLDER_OPTION
+@_LDCONFIG_OPTION
+def update_container_cmd(links: list[tuple[str, str]], folders: list[str], ldconfig_path: str) -> None:
+    """Links, then the ld cache, in one start (what gpuhook's specs call)."""
+    _run(links, folders, ldconfig_path)
+
+
 @cdi_hook.command("create-symlinks")
-@click.option("--link", "links", multiple=True, callback=_parse_link, metavar="TARGET::LINK",
-              help="Create LINK (absolute, in the container) pointing at TARGET; repeatable.")
+@_LINK_OPTION
 def create_symlinks(links: list[tuple[str, str]]) -> None:
     """Create symlinks in the container rootfs (an existing file or directory at LINK is left alone)."""
-    from ..inject.rootfs import RootFS
-
-    rootfs_path = _container_rootfs()
-    with RootFS(rootfs_path) as rootfs:
-        for target, link in links:
-            rootfs.symlink(target, link)
+    _run(links, [], "/sbin/ldconfig")
 
 
 @cdi_hook.command("update-ldcache")
-@click.option("--folder", "folders", multiple=True, metavar="DIR",
-              help="Container folder holding injected libraries; repeatable.")
-@click.option("--ldconfig-path", default="/sbin/ldconfig", show_default=True,
-              help="The host's ldconfig (never the image's).")
-def update_ldcache_cmd(folders: tuple[str, ...], ldconfig_path: str) -> None:
+@_FOLDER_OPTION
+@_LDCONFIG_OPTION
+def update_ldcache_cmd(folders: list[str], ldconfig_path: str) -> None:
     """Add FOLDERs to the container's ld.so.conf.d and rebuild its ld cache with the host's ldconfig."""
-    from ..inject.ldcache import open_ldconfig, update_ldcache
-    from ..inject.rootfs import RootFS
-
-    for folder in folders:
-        if not folder.startswith("/"):
-            raise click.BadParameter(f"{folder!r} is not an absolute path", param_hint="--folder")
-    rootfs_path = _container_rootfs()
-    fd = open_ldconfig(ldconfig_path)
-    try:
-        with RootFS(rootfs_path) as rootfs:
-            update_ldcache(rootfs, list(folders), fd)
-    finally:
-        os.close(fd)
+    _run([], folders, ldconfig_path)

@@ -85,19 +85,16 @@ def render_mount(mount: Mount) -> dict[str, Any]:
 
 
 def render_hooks(edits: ContainerEdits, hook_path: str) -> list[dict[str, Any]]:
-    """Links and the ld cache are made by `gpuhook cdi-hook …`, called by the runtime (createContainer)."""
-    hooks: list[dict[str, Any]] = []
-    if edits.symlinks:
-        args = [hook_path, "cdi-hook", "create-symlinks"]
-        for link in edits.symlinks:
-            args += ["--link", f"{link.target}::{link.link}"]
-        hooks.append({"hookName": HOOK_NAME, "path": hook_path, "args": args, "env": list(HOOK_ENV)})
-    if edits.ld_dirs:
-        args = [hook_path, "cdi-hook", "update-ldcache"]
-        for folder in edits.ld_dirs:
-            args += ["--folder", folder]
-        hooks.append({"hookName": HOOK_NAME, "path": hook_path, "args": args, "env": list(HOOK_ENV)})
-    return hooks
+    """Links and the ld cache are made by one `gpuhook cdi-hook update-container …` call (createContainer):
+    one process per container start instead of one per step."""
+    if not (edits.symlinks or edits.ld_dirs):
+        return []
+    args = [hook_path, "cdi-hook", "update-container"]
+    for link in edits.symlinks:
+        args += ["--link", f"{link.target}::{link.link}"]
+    for folder in edits.ld_dirs:
+        args += ["--folder", folder]
+    return [{"hookName": HOOK_NAME, "path": hook_path, "args": args, "env": list(HOOK_ENV)}]
 
 
 def render_edits(edits: ContainerEdits, hook_path: str, env: Sequence[str] = ()) -> dict[str, Any]:

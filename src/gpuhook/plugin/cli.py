@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import sys
 
 import click
@@ -17,11 +16,10 @@ from .lifecycle import DEFAULT_KUBELET_DIR, PluginConfig, serve_forever
 
 
 def default_hook_path() -> str:
-    """The gpuhook the CDI spec's hooks call: the one next to this Python, else on PATH, else the usual place."""
-    beside = os.path.join(os.path.dirname(sys.executable), "gpuhook")
-    if os.access(beside, os.X_OK):
-        return beside
-    return shutil.which("gpuhook") or "/usr/local/bin/gpuhook"
+    """The gpuhook the CDI spec's hooks call: the installed one (installed.py), else the usual place."""
+    from ..installed import gpuhook_executable
+
+    return gpuhook_executable() or "/usr/local/bin/gpuhook"
 
 
 @click.command("device-plugin")

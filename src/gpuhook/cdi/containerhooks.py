@@ -1,0 +1,57 @@
+"""What a CDI spec's createContainer hook does inside a starting container: links and the ld cache.
+
+Click-free and import-light: the runtime runs this at every start of a container that uses the spec, through
+the click CLI (`gpuhook cdi-hook …`) or the lean entry script (hook_entry.py); both parse into these functions.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+LINK_SEPARATOR = "::"
+DEFAULT_LDCONFIG = "/sbin/ldconfig"
+
+
+def parse_link(value: str) -> tuple[str, str] | None:
+    """`TARGET::/absolute/link` -> (target, link); None when malformed."""
+    target, sep, link = value.partition(LINK_SEPARATOR)
+    if not sep or not target or not link.startswith("/"):
+        return None
+    return target, link
+
+
+def container_rootfs(state_text: bytes) -> str:
+    """The starting container's rootfs from the OCI state (plain JSON first, oci.bundle for anything unusual)."""
+    from ..hook import rootfs_quick
+
+    rootfs = rootfs_quick(state_text)
+    if rootfs is not None:
+        return rootfs
+    from ..oci.bundle import load_bundle, parse_state
+
+    return load_bundle(parse_state(state_text).bundle).rootfs
+
+
+def update_container(rootfs_path: str, links: Iterable[tuple[str, str]], folders: list[str],
+                     ldconfig_path: str = DEFAULT_LDCONFIG) -> None:
+    """Create the links (an existing file or directory at a link is left alone), then, if `folders`, register
+    them and rebuild the ld cache with the host's ldconfig. One rootfs descriptor for both steps."""
+    from ..inject.rootfs import RootFS
+
+    fd = -1
+    if folders:
+        from ..inject.ldcache import open_ldconfig
+
+        fd = open_ldconfig(ldconfig_path)
+    try:
+        with RootFS(rootfs_path) as rootfs:
+            for target, link in links:
+                rootfs.symlink(target, link)
+            if folders:
+                from ..inject.ldcache import update_ldcache
+
+                update_ldcache(rootfs, folders, fd)
+    finally:
+        if fd >= 0:
+            os.close(fd)
