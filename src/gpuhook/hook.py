@@ -216,6 +216,9 @@ def main(argv: list[str] | None = None) -> int:
     except (GpuhookError, OSError) as exc:
         summary, code = f"{_state_id(state_text)} error: {exc}", 1
         print(f"gpuhook-hook: {exc}", file=sys.stderr)
+    except Exception as exc:  # noqa: BLE001 - a bug still fails the start with one line, never a traceback
+        summary, code = f"{_state_id(state_text)} internal error: {type(exc).__name__}: {exc}", 1
+        print(f"gpuhook-hook: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
     elapsed = (time.monotonic() - start) * 1000
     _log(log_file, f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {summary} took={elapsed:.1f}ms")
     return code

@@ -13,6 +13,7 @@ from .errors import RequestError, RequirementError
 
 KEYS = ("cuda", "driver", "arch", "brand")
 _COND_RE = re.compile(r"^([a-z]+)(<=|>=|=|<|>)(.+)$")
+_VERSION_RE = re.compile(r"[0-9]{1,9}(\.[0-9]{1,9}){0,3}")  # ASCII and bounded: int() of any of it is safe
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,7 @@ def parse_condition(text: str) -> Condition:
     key, op, value = match.groups()
     if key == "brand" and op != "=":
         raise RequestError(f"invalid requirement {text!r}: brand only takes '='")
-    if key != "brand" and not re.fullmatch(r"\d+(\.\d+)*", value):
+    if key != "brand" and not _VERSION_RE.fullmatch(value):
         raise RequestError(f"invalid requirement {text!r}: {value!r} is not a version")
     return Condition(key, op, value)
 
@@ -43,7 +44,7 @@ def parse_constraint(text: str) -> list[list[Condition]]:
 
 
 def _version(text: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in re.findall(r"\d+", text))
+    return tuple(int(p) for p in re.findall(r"[0-9]{1,18}", text))
 
 
 def _compare(actual: str, op: str, wanted: str) -> bool:

@@ -21,11 +21,16 @@ def all_devices(inv: Inventory) -> list[Device]:
     return out
 
 
+def _small_int(text: str) -> int | None:
+    """An index as written in NVIDIA_VISIBLE_DEVICES: ASCII digits only ('²'.isdigit() is true), bounded."""
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 9 else None
+
+
 def _by_pair(inv: Inventory, ident: str) -> Device | None:
     g, _, m = ident.partition(":")
-    if not (g.isdigit() and m.isdigit()):
+    gi, mi = _small_int(g), _small_int(m)
+    if gi is None or mi is None:
         return None
-    gi, mi = int(g), int(m)
     if gi < len(inv.gpus):
         for mig in inv.gpus[gi].mig_devices:
             if mig.index == mi:
@@ -53,8 +58,8 @@ def find_device(inv: Inventory, ident: str) -> Device | None:
         if kind != CDI_KIND:
             return None
         ident = name
-    if ident.isdigit():
-        index = int(ident)
+    index = _small_int(ident)
+    if index is not None:
         return inv.gpus[index] if index < len(inv.gpus) else None
     if ident.startswith("GPU-"):
         return next((g for g in inv.gpus if g.uuid == ident), None)

@@ -96,8 +96,8 @@ _VERIFIER_LOG_SIZE = 1 << 20
 
 # collections.namedtuple rather than typing.NamedTuple: importing typing costs ~4 ms on every hook start.
 LdCacheEntry = namedtuple("LdCacheEntry", "key value flags hwcap")
-LdCacheEntry.__doc__ = """One ld.so.cache entry: `key` is the soname (or link name) the loader looks up, `value` its path.
-`hwcap` is raw: 0 for ordinary entries; with bit 62 set (glibc >= 2.33) its low 32 bits index the
+LdCacheEntry.__doc__ = """One ld.so.cache entry: `key` is the soname (or link name) the loader looks up, `value`
+its path. `hwcap` is raw: 0 for ordinary entries; with bit 62 set (glibc >= 2.33) its low 32 bits index the
 glibc-hwcaps subdirectory the library was found in."""
 
 ElfInfo = namedtuple("ElfInfo", "elf_class machine soname")  # elf_class 32|64; machine: 62 x86-64, 3 i386

@@ -56,6 +56,8 @@ def loads(text: str, origin: str = "<spec>") -> Any:
     """Parse YAML (JSON is YAML too) strictly; CdiError with one line on a syntax error or duplicate key."""
     try:
         return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except (ValueError, OverflowError, RecursionError) as exc:  # a constructor refusing a scalar (2001-13-01)
+        raise CdiError(f"{origin}: not valid YAML/JSON: {str(exc).splitlines()[0] if str(exc) else exc!r}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""

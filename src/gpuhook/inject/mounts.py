@@ -51,14 +51,12 @@ def bind(rootfs: RootFS, tree_fd: int, container_path: str, options: tuple[str, 
         raise InjectionError(f"cannot mount {container_path} in container: {exc.strerror}") from None
     finally:
         os.close(target)
-    # The target descriptor names the covered file: reopen to reach the new mount on top of it.
-    top = rootfs.open(container_path)
+    # Remount through the tree's own descriptor, which now names the attached mount: looking the path up again
+    # could land elsewhere in a hostile image, leaving this mount with the host's flags (read-write).
+    top = f"/proc/self/fd/{tree_fd}"
     try:
-        _native.mount(None, f"/proc/self/fd/{top}", None, _native.MS_PRIVATE, None)
-        _native.mount(None, f"/proc/self/fd/{top}", None, remount_flags(options), None)
+        _native.mount(None, top, None, _native.MS_PRIVATE, None)
+        _native.mount(None, top, None, remount_flags(options), None)
     except OSError as exc:
-        raise InjectionError(
-            f"cannot remount {container_path} ({','.join(options)}) in container: {exc.strerror}"
-        ) from None
-    finally:
-        os.close(top)
+        raise InjectionError(f"cannot remount {container_path} ({','.join(options)}) in container: "
+                             f"{exc.strerror}") from None

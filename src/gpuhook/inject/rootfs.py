@@ -66,18 +66,25 @@ class RootFS:
         return True
 
     def mkdirs(self, path: str, mode: int = 0o755) -> int:
-        """O_PATH descriptor of directory `path`, creating missing components inside the rootfs."""
+        """O_PATH descriptor of directory `path`, creating missing components inside the rootfs.
+
+        Each prefix is resolved from the rootfs's own descriptor, never from the previous component's: with
+        RESOLVE_IN_ROOT the descriptor passed is "/", so resolving from a subdirectory would send an absolute
+        or `..` link somewhere else than every other lookup of the same path (and than the container's).
+        """
         norm = posixpath.normpath("/" + path.lstrip("/"))
+        parts = [p for p in norm.split("/") if p]
         current = os.dup(self.fd)
         try:
-            for part in [p for p in norm.split("/") if p]:
+            for i, part in enumerate(parts):
+                prefix = "/".join(parts[: i + 1])
                 try:
-                    nxt = _native.openat2(current, part, O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, 0, RESOLVE)
+                    nxt = _native.openat2(self.fd, prefix, O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, 0, RESOLVE)
                 except OSError as exc:
                     if exc.errno != errno.ENOENT:
                         raise InjectionError(f"{norm} in container: {part!r} is {exc.strerror}") from None
                     self._mkdir_at(current, part, mode, norm)
-                    nxt = _native.openat2(current, part, O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, 0, RESOLVE)
+                    nxt = _native.openat2(self.fd, prefix, O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, 0, RESOLVE)
                 os.close(current)
                 current = nxt
             return current
@@ -100,8 +107,9 @@ class RootFS:
         parent, name = _split(path)
         pfd = self.mkdirs(parent)
         try:
-            try:
-                fd = _native.openat2(pfd, name, O_PATH | os.O_CLOEXEC, 0, RESOLVE)
+            try:  # from the rootfs's descriptor, like every lookup (see mkdirs)
+                fd = _native.openat2(self.fd, posixpath.join(parent, name).lstrip("/"), O_PATH | os.O_CLOEXEC, 0,
+                                     RESOLVE)
             except OSError as exc:
                 if exc.errno != errno.ENOENT:
                     raise InjectionError(f"{path} in container: {exc.strerror}") from None
@@ -131,24 +139,36 @@ class RootFS:
         parent, name = _split(path)
         pfd = self.mkdirs(parent)
         try:
-            try:
-                fd = _native.openat2(
-                    pfd,
-                    name,
-                    os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
-                    mode,
-                    RESOLVE | _native.RESOLVE_NO_SYMLINKS,
-                )
+            try:  # a file created here cannot be a FIFO or a device node
+                fd = _native.openat2(pfd, name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                     mode, RESOLVE | _native.RESOLVE_NO_SYMLINKS)
+            except FileExistsError:
+                fd = _open_regular(pfd, name, os.O_WRONLY | os.O_TRUNC, os.O_NOFOLLOW,
+                                   RESOLVE | _native.RESOLVE_NO_SYMLINKS, f"cannot write {path} in container")
             except OSError as exc:
                 raise InjectionError(f"cannot write {path} in container: {exc.strerror}") from None
             try:
-                if not stat.S_ISREG(os.fstat(fd).st_mode):
-                    raise InjectionError(f"cannot write {path} in container: not a regular file")
                 os.write(fd, data)
             finally:
                 os.close(fd)
         finally:
             os.close(pfd)
+
+    def read_file(self, path: str, limit: int) -> bytes | None:
+        """Up to `limit` bytes of regular file `path` (symlinks followed inside the rootfs); None if missing.
+
+        Anything else standing there is refused (InjectionError) rather than opened: see _open_regular.
+        """
+        try:
+            fd = _open_regular(self.fd, path.lstrip("/") or ".", os.O_RDONLY, 0, RESOLVE, f"{path} in container")
+        except _Missing:
+            return None
+        try:
+            return os.read(fd, limit)
+        except OSError as exc:
+            raise InjectionError(f"cannot read {path} in container: {exc.strerror}") from None
+        finally:
+            os.close(fd)
 
     def symlink(self, target: str, link: str) -> bool:
         """Create `link` -> `target`. An existing symlink is replaced; a file or directory is left alone.
@@ -198,3 +218,30 @@ class RootFS:
                 raise InjectionError(f"cannot create device {path} in container: {exc.strerror}") from None
         finally:
             os.close(pfd)
+
+
+class _Missing(InjectionError):
+    """The path does not exist (read_file turns this into None)."""
+
+
+def _open_regular(dirfd: int, rel: str, flags: int, o_extra: int, resolve: int, what: str) -> int:
+    """Open `rel` for I/O only if it is a regular file.
+
+    The hook and the host's ldconfig run outside the container's device cgroup, so opening an image's device
+    node opens the host's device (a watchdog, a disk), and opening a FIFO blocks the start forever. The type
+    is checked on an O_PATH descriptor (which opens nothing), then the same inode is reopened through it.
+    """
+    try:
+        opath = _native.openat2(dirfd, rel, O_PATH | os.O_CLOEXEC | o_extra, 0, resolve)
+    except FileNotFoundError:
+        raise _Missing(f"{what}: No such file or directory") from None
+    except OSError as exc:
+        raise InjectionError(f"{what}: {exc.strerror}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(opath).st_mode):
+            raise InjectionError(f"{what}: not a regular file")
+        return os.open(f"/proc/self/fd/{opath}", flags | os.O_CLOEXEC)
+    except OSError as exc:
+        raise InjectionError(f"{what}: {exc.strerror}") from None
+    finally:
+        os.close(opath)

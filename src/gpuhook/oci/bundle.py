@@ -52,14 +52,14 @@ class Bundle:
 def parse_state(text: str | bytes) -> State:
     try:
         data = json.loads(text)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: nested too deep
         raise BundleError(f"OCI state on stdin is not JSON: {exc}") from None
     if not isinstance(data, dict):
         raise BundleError("OCI state on stdin is not a JSON object")
     cid, pid, bundle = data.get("id"), data.get("pid"), data.get("bundle")
     if not isinstance(cid, str) or not cid:
         raise BundleError(f"OCI state: invalid id {cid!r}")
-    if not isinstance(bundle, str) or not bundle.startswith("/"):
+    if not isinstance(bundle, str) or not bundle.startswith("/") or "\0" in bundle:
         raise BundleError(f"OCI state: invalid bundle {bundle!r}")
     if pid is None:
         pid = 0
@@ -77,7 +77,7 @@ def load_bundle(bundle_dir: str) -> Bundle:
             config = json.load(f)
     except OSError as exc:
         raise BundleError(f"cannot read {path}: {exc.strerror}") from None
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise BundleError(f"{path} is not valid JSON: {exc}") from None
     if not isinstance(config, dict):
         raise BundleError(f"{path}: not a JSON object")
@@ -85,5 +85,7 @@ def load_bundle(bundle_dir: str) -> Bundle:
     root_path = root.get("path") if isinstance(root, dict) else None
     if not isinstance(root_path, str) or not root_path:
         raise BundleError(f"{path}: missing root.path")
+    if "\0" in root_path:  # a path the kernel cannot take: fail here, not as a ValueError at first use
+        raise BundleError(f"{path}: invalid root.path {root_path!r}")
     rootfs = root_path if root_path.startswith("/") else os.path.join(bundle_dir, root_path)
     return Bundle(bundle_dir, os.path.normpath(rootfs), config)
