@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Iterator, Mapping
-from importlib import resources
 from typing import Any
 
 from . import names, version
@@ -46,6 +45,8 @@ def json_path(parts: Iterator[str | int] | list[str | int] | tuple[str | int, ..
 @functools.cache
 def _schema_validator() -> Any:
     """Draft-07 validator over the packaged schema, defs.json resolved through a `referencing` registry."""
+    from importlib import resources  # only with the schema check: ~8 ms that generate-cdi need not pay
+
     from jsonschema import Draft7Validator
     from referencing import Registry, Resource
     from referencing.jsonschema import DRAFT7
