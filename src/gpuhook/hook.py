@@ -17,7 +17,8 @@ STAGES = ("prestart", "createRuntime")
 USAGE = "usage: gpuhook-hook [--config FILE] [prestart|createRuntime]  (OCI state JSON on stdin)"
 
 
-def _log(path: str, line: str) -> None:
+def append_log(path: str, line: str) -> None:
+    """One line to the log file, one write with O_APPEND (concurrent hooks never interleave); best effort."""
     if not path:
         return
     try:
@@ -220,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         summary, code = f"{_state_id(state_text)} internal error: {type(exc).__name__}: {exc}", 1
         print(f"gpuhook-hook: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
     elapsed = (time.monotonic() - start) * 1000
-    _log(log_file, f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {summary} took={elapsed:.1f}ms")
+    append_log(log_file, f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {summary} took={elapsed:.1f}ms")
     return code
 
 

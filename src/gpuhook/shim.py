@@ -23,6 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .hook import append_log
+
 RUNTIME_ENV = "GPUHOOK_RUNTIME"
 CONFIG_ENV = "GPUHOOK_CONFIG"
 DEFAULT_RUNTIME = "runc"
@@ -187,19 +189,6 @@ def real_runtime(environ: dict[str, str] | None = None) -> str:
     raise ShimError(f"cannot find the runtime {wanted!r} on PATH (set {RUNTIME_ENV})")
 
 
-def _log(path: str, line: str) -> None:
-    if not path:
-        return
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
-    except OSError:
-        return
-    try:
-        os.write(fd, (time.strftime("%Y-%m-%dT%H:%M:%S ") + line + "\n").encode())
-    finally:
-        os.close(fd)
-
-
 def prepare(inv: Invocation, config_path: str | None) -> tuple[str, str]:
     """Rewrite the bundle's config.json for a GPU request (nothing for any other container).
 
@@ -238,7 +227,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         runtime = real_runtime()
         inv = parse_argv(args)
         if inv.command in CREATE_COMMANDS and not inv.help:
-            _log(*prepare(inv, config_path))
+            log_file, line = prepare(inv, config_path)
+            append_log(log_file, time.strftime("%Y-%m-%dT%H:%M:%S ") + line)
     except (ShimError, GpuhookError, OSError) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 1

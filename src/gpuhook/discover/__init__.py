@@ -32,19 +32,6 @@ def nvml_library(driver_root: str) -> str | None:
     return None
 
 
-def _devices_major(proc_root: str, name: str) -> int | None:
-    """A dynamic major from /proc/devices (nvidia-caps has no fixed one)."""
-    try:
-        with open(os.path.join(proc_root, "devices"), encoding="utf-8") as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) == 2 and parts[1] == name and parts[0].isdigit():
-                    return int(parts[0])
-    except OSError:
-        pass
-    return None
-
-
 def _cap_node(roots: Roots, access_canonical: str) -> DeviceNode | None:
     access = procfs.proc_host_path(roots.proc_root, access_canonical)
     if not os.path.exists(access):
@@ -54,7 +41,7 @@ def _cap_node(roots: Roots, access_canonical: str) -> DeviceNode | None:
     found = devnodes.node(roots.dev_root, canonical)
     if found is not None:
         return found
-    major = _devices_major(roots.proc_root, "nvidia-caps")
+    major = devnodes.devices_major(roots.proc_root, "nvidia-caps")
     if major is None:
         return None
     return DeviceNode(canonical, join(roots.dev_root, canonical), major, minor, 0o444)

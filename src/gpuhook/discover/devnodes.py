@@ -56,3 +56,16 @@ def dri_nodes(dev_root: str, bus_id: str) -> tuple[DeviceNode, ...]:
         if dn is not None:
             found.append(dn)
     return tuple(found)
+
+
+def devices_major(proc_root: str, name: str) -> int | None:
+    """A dynamic major from /proc/devices (nvidia-caps has no fixed one)."""
+    try:
+        with open(os.path.join(proc_root, "devices"), encoding="utf-8") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) == 2 and parts[1] == name and parts[0].isdigit():
+                    return int(parts[0])
+    except OSError:
+        pass
+    return None

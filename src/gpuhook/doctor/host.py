@@ -6,6 +6,7 @@ import os
 import stat
 
 from ..discover import Inventory, Roots, discover, procfs
+from ..discover.devnodes import devices_major
 from ..discover.inventory import DeviceNode
 from ..discover.roots import join
 from ..errors import DiscoveryError
@@ -18,18 +19,6 @@ MODESET_MINOR = 254
 
 def _f(status: str, message: str, fix: str = "") -> Finding:
     return Finding("host", status, message, fix)
-
-
-def _devices_major(proc_root: str, name: str) -> int | None:
-    try:
-        with open(os.path.join(proc_root, "devices"), encoding="utf-8") as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) == 2 and parts[1] == name and parts[0].isdigit():
-                    return int(parts[0])
-    except OSError:
-        pass
-    return None
 
 
 def _create_fix(roots: Roots, canonical: str, major: int | None, minor: int, mode: int, modprobe: str) -> str:
@@ -86,7 +75,7 @@ def _gpu_nodes(roots: Roots, inv: Inventory) -> list[Finding]:
 
 
 def _control_nodes(roots: Roots) -> list[Finding]:
-    uvm = _devices_major(roots.proc_root, "nvidia-uvm")
+    uvm = devices_major(roots.proc_root, "nvidia-uvm")
     out = _check_node(roots, "/dev/nvidiactl", "the control node every GPU container needs", NVIDIA_MAJOR,
                       CTL_MINOR, 0o666, "nvidia-modprobe -c 0")
     for name, minor in (("nvidia-uvm", 0), ("nvidia-uvm-tools", 1)):
@@ -107,7 +96,7 @@ def _access_mode(access_host: str) -> int:
 
 def _mig_nodes(roots: Roots, inv: Inventory) -> list[Finding]:
     """Each MIG device's gi/ci capability nodes, with the minor and mode its /proc access file gives."""
-    major = _devices_major(roots.proc_root, "nvidia-caps")
+    major = devices_major(roots.proc_root, "nvidia-caps")
     out: list[Finding] = []
     for mig in inv.all_mig_devices():
         for access in (mig.gi_access, mig.ci_access):
