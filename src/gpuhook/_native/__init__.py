@@ -16,7 +16,7 @@ __all__ = [
     "LdCacheEntry", "ElfInfo", "BpfProgInfo",
     "parse_ldcache", "read_ldcache", "is_64bit_x86_64", "is_32bit_i386", "flags_label",
     "elf_info", "elf_info_bytes",
-    "setns", "unshare", "mount", "umount2", "openat2", "mknodat", "open_tree", "move_mount",
+    "setns", "unshare", "die_with_parent", "mount", "umount2", "openat2", "mknodat", "open_tree", "move_mount",
     "bpf_prog_query", "bpf_prog_query_flags", "bpf_prog_get_fd_by_id", "bpf_prog_info",
     "bpf_prog_xlated_insns", "bpf_prog_load", "bpf_prog_attach", "bpf_prog_detach",
 ]  # fmt: skip
@@ -234,6 +234,14 @@ def elf_info_bytes(data: bytes, origin: str = "<bytes>") -> ElfInfo:
 
 def setns(fd: int, nstype: int = 0) -> None:
     _check(lib.gh_setns(fd, nstype))
+
+
+def die_with_parent(parent_pid: int, sig: int = 9) -> None:
+    """prctl(PR_SET_PDEATHSIG) in a forked helper (injection child, ldconfig): it must not outlive a hook that
+    runc killed at its timeout; the signal survives execve. `parent_pid` is os.getpid() taken before the fork."""
+    _check(lib.gh_set_pdeathsig(sig))
+    if os.getppid() != parent_pid:  # the parent died before the prctl took effect
+        os._exit(1)
 
 
 def unshare(flags: int) -> None:

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mount.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
@@ -424,6 +425,8 @@ int gh_elf_info_fd(int fd, struct gh_elfinfo *out, char *err, size_t errlen)
 int gh_setns(int fd, int nstype) { return setns(fd, nstype); }
 
 int gh_unshare(int flags) { return unshare(flags); }
+
+int gh_set_pdeathsig(int sig) { return prctl(PR_SET_PDEATHSIG, (unsigned long)sig, 0, 0, 0); }
 
 int gh_mount(const char *source, const char *target, const char *fstype, unsigned long flags, const char *data)
 {

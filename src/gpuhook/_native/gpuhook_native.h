@@ -48,6 +48,7 @@ int gh_elf_info_fd(int fd, struct gh_elfinfo *out, char *err, size_t errlen);
 
 int gh_setns(int fd, int nstype);
 int gh_unshare(int flags);
+int gh_set_pdeathsig(int sig);
 int gh_mount(const char *source, const char *target, const char *fstype, unsigned long flags,
              const char *data);
 int gh_umount2(const char *target, int flags);

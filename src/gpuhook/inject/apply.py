@@ -95,9 +95,11 @@ def run_in_mount_namespace(pid: int, work: Callable[[], None], proc_root: str = 
     except OSError as exc:
         raise InjectionError(f"cannot open mount namespace of container process {pid}: {exc.strerror}") from None
     r, w = os.pipe()
+    parent = os.getpid()
     child = os.fork()
     if child == 0:
         os.close(r)
+        _native.die_with_parent(parent)
         code = 0
         try:
             _native.setns(ns_fd, _native.CLONE_NEWNS)

@@ -130,9 +130,11 @@ def update_ldcache(rootfs: RootFS, folders: list[str], ldconfig_fd: int) -> None
         write_conf(rootfs, folders, known)
     argv = ldconfig_argv(rootfs.path, folders)
     r, w = os.pipe()
+    parent = os.getpid()
     pid = os.fork()
     if pid == 0:
         os.close(r)
+        _native.die_with_parent(parent)
         _child(rootfs, ldconfig_fd, argv, w)
     os.close(w)
     with os.fdopen(r, "rb") as pipe:

@@ -105,10 +105,10 @@ def _socket_identity(path: str) -> tuple[int, int] | None:
 class Endpoint:
     """One gRPC server on `<kubelet dir>/<socket name>`; knows whether its socket file is still its own."""
 
-    def __init__(self, service: DevicePluginService, socket_path: str, workers: int = 8) -> None:
+    def __init__(self, service: DevicePluginService, socket_path: str, workers: int = 32) -> None:
         self.service = service
         self.path = socket_path
-        self.workers = workers
+        self.workers = workers  # each live ListAndWatch stream holds one worker thread
         self.server: grpc.Server | None = None
         self.identity: tuple[int, int] | None = None
 
