@@ -213,7 +213,30 @@ def test_cdi_hook_update_ldcache_as_click(entry: Path, tmp_path: Path) -> None:
         assert (bundle / "rootfs/etc/ld.so.conf.d/00-gpuhook.conf").read_text() == "/usr/lib/x86_64-linux-gnu\n"
 
 
+def test_cdi_hook_update_container_as_click(entry: Path, tmp_path: Path) -> None:
+    """What gpuhook's specs call: links then the ld cache, in one process."""
+    need_root()
+    (lean, lean_state), (ref, ref_state) = cdi_twins(tmp_path)
+    src = tmp_path / "cuda.c"
+    src.write_text("int cuInit(unsigned f) { return (int)f; }\n")
+    for bundle in (lean, ref):  # a real library behind the link: ldconfig drops dangling soname links
+        libdir = bundle / "rootfs/usr/lib/x86_64-linux-gnu"
+        libdir.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(libdir / "libcuda.so.550"),
+                        str(src)], check=True, capture_output=True)
+    args = ["update-container", "--link", "libcuda.so.550::/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+            "--folder", "/usr/lib/x86_64-linux-gnu"]  # fmt: skip
+    lean_result = run_entry(entry, ["cdi-hook", *args], lean_state)
+    assert lean_result.returncode == 0, lean_result.stderr
+    assert click_cdi_hook(args, ref_state).returncode == 0
+    for bundle in (lean, ref):
+        assert os.readlink(bundle / "rootfs/usr/lib/x86_64-linux-gnu/libcuda.so.1") == "libcuda.so.550"
+        assert (bundle / "rootfs/etc/ld.so.conf.d/00-gpuhook.conf").read_text() == "/usr/lib/x86_64-linux-gnu\n"
+
+
 @pytest.mark.parametrize("args", [
+    ["update-container", "--link", "a::relative"],
+    ["update-container", "--folder", "relative"],
     ["create-symlinks", "--link", "no-separator"],
     ["create-symlinks", "--link", "a::relative"],
     ["create-symlinks", "--bogus"],
