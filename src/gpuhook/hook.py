@@ -13,6 +13,8 @@ import os
 import sys
 import time
 
+from . import contract
+
 STAGES = ("prestart", "createRuntime")
 USAGE = "usage: gpuhook-hook [--config FILE] [prestart|createRuntime]  (OCI state JSON on stdin)"
 
@@ -49,9 +51,9 @@ def _parse_args(argv: list[str]) -> tuple[str | None, str]:
 
 # What can make a container a GPU container (request.py): the env var, a legacy CUDA image's CUDA_VERSION,
 # a device volume mount, a CDI annotation. A container with none of them is "unset" under every policy.
-_SIGNAL_ENV = ("NVIDIA_VISIBLE_DEVICES", "CUDA_VERSION")
-_SIGNAL_MOUNT = "/var/run/nvidia-container-devices/"
-_SIGNAL_ANNOTATION = "cdi.k8s.io/"
+_SIGNAL_ENV = (f"{contract.VISIBLE_DEVICES}=", f"{contract.LEGACY_CUDA_VERSION}=")
+_SIGNAL_MOUNT = contract.VOLUME_MOUNT_DIR + "/"
+_SIGNAL_ANNOTATION = contract.CDI_ANNOTATION_PREFIX
 
 
 def _has_annotation_signal(annotations: object) -> bool:
@@ -229,7 +231,7 @@ def _state_id(state_text: bytes) -> str:
     try:
         cid = loads(state_text).get("id")  # type: ignore[attr-defined]
         return cid if isinstance(cid, str) else "?"
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):
         return "?"
 
 

@@ -11,17 +11,20 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from . import driverfiles as catalogue
+from .contract import (  # noqa: F401 - re-exported: the contract's names as the parser's
+    CDI_ANNOTATION_PREFIX,
+    CDI_KIND,
+    DISABLE_REQUIRE,
+    DRIVER_CAPABILITIES,
+    LEGACY_CUDA_VERSION,
+    MIG_CONFIG,
+    MIG_MONITOR,
+    REQUIRE_PREFIX,
+    VISIBLE_DEVICES,
+    VOLUME_MOUNT_DIR,
+)
 from .errors import RequestError
 
-VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
-DRIVER_CAPABILITIES = "NVIDIA_DRIVER_CAPABILITIES"
-REQUIRE_PREFIX = "NVIDIA_REQUIRE_"
-DISABLE_REQUIRE = "NVIDIA_DISABLE_REQUIRE"
-MIG_CONFIG = "NVIDIA_MIG_CONFIG_DEVICES"
-MIG_MONITOR = "NVIDIA_MIG_MONITOR_DEVICES"
-VOLUME_MOUNT_DIR = "/var/run/nvidia-container-devices"
-CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
-CDI_KIND = "nvidia.com/gpu"
 SPECIAL_WORDS = ("all", "none", "void")
 TRUE_WORDS = ("1", "true", "yes", "on", "y", "t")
 
@@ -119,7 +122,7 @@ def requirements(env: Mapping[str, str], legacy: bool) -> tuple[str, ...]:
         if key.startswith(REQUIRE_PREFIX) and key != "NVIDIA_REQUIRE_JETPACK" and value.strip()
     ]
     if legacy:
-        match = _CUDA_VERSION_RE.match(env.get("CUDA_VERSION", ""))
+        match = _CUDA_VERSION_RE.match(env.get(LEGACY_CUDA_VERSION, ""))
         if match:
             found.append(f"cuda>={match.group(1)}.{match.group(2)}")
     return tuple(found)
@@ -127,7 +130,7 @@ def requirements(env: Mapping[str, str], legacy: bool) -> tuple[str, ...]:
 
 def is_legacy_image(env: Mapping[str, str]) -> bool:
     """A CUDA image from before NVIDIA_VISIBLE_DEVICES: CUDA_VERSION set, no NVIDIA_REQUIRE_CUDA."""
-    return "CUDA_VERSION" in env and "NVIDIA_REQUIRE_CUDA" not in env
+    return LEGACY_CUDA_VERSION in env and f"{REQUIRE_PREFIX}CUDA" not in env
 
 
 def volume_mount_devices(mounts: Sequence[Mapping[str, object]]) -> tuple[str, ...]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from ..contract import VISIBLE_DEVICES
 from ..discover.inventory import DeviceNode, Gpu, Inventory, MigDevice
 from ..edits import ALL_CAPABILITIES, ContainerEdits, Mount, common_edits, device_edits, merge_all
 from . import names, version
@@ -22,7 +23,7 @@ HOOK_NAME = "createContainer"
 # runtime's own environment reaches them (a hook without `env` would inherit the runtime's).
 HOOK_ENV: tuple[str, ...] = ("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",)
 # A container that also goes through a legacy NVIDIA hook must not get its devices injected a second time.
-COMMON_ENV: tuple[str, ...] = ("NVIDIA_VISIBLE_DEVICES=void",)
+COMMON_ENV: tuple[str, ...] = (f"{VISIBLE_DEVICES}=void",)
 NODE_PERMISSIONS = "rw"  # cgroup access for each node: read and write, no mknod
 
 Device = Gpu | MigDevice

@@ -10,11 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from ..contract import VISIBLE_DEVICES, VOLUME_MOUNT_DIR
 from . import api_pb2 as pb
 from .devices import PluginDevice, annotation_key
-
-VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
-VOLUME_MOUNT_DIR = "/var/run/nvidia-container-devices"
 
 
 class AllocationError(ValueError):

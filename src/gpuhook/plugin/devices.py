@@ -11,15 +11,15 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from ..contract import CDI_ANNOTATION_PREFIX as ANNOTATION_PREFIX
+from ..contract import CDI_KIND
 from ..discover.inventory import Gpu, Inventory, MigDevice
 from ..errors import ConfigError
 
 ID_STRATEGIES = ("uuid", "index")
 MIG_STRATEGIES = ("none", "single", "mixed")
 LIST_STRATEGIES = ("cdi-cri", "envvar", "volume-mounts", "cdi-annotations")
-CDI_KIND = "nvidia.com/gpu"
 REPLICA_SEP = "::"
-ANNOTATION_PREFIX = "cdi.k8s.io/"
 ANNOTATION_PLUGIN = "gpuhook"
 _RESOURCE_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _KEY_BAD = re.compile(r"[^A-Za-z0-9_.-]")
