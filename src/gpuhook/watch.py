@@ -11,12 +11,9 @@ sees the old spec or the new one and never none. A failed generation keeps the o
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import os
 import select
 import signal
-import struct
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -28,15 +25,18 @@ from .discover.fingerprint import fingerprint
 from .discover.inventory import Gpu, MigDevice
 from .discover.roots import join
 from .errors import GpuhookError
+from .inotify import (
+    IN_CLOSE_WRITE,
+    IN_CREATE,
+    IN_DELETE,
+    IN_DELETE_SELF,
+    IN_MOVE_SELF,
+    IN_MOVED_FROM,
+    IN_MOVED_TO,
+    IN_ONLYDIR,
+    Inotify,
+)
 
-IN_CLOSE_WRITE = 0x8
-IN_MOVED_FROM = 0x40
-IN_MOVED_TO = 0x80
-IN_CREATE = 0x100
-IN_DELETE = 0x200
-IN_DELETE_SELF = 0x400
-IN_MOVE_SELF = 0x800
-IN_ONLYDIR = 0x1000000
 MASK = (IN_CLOSE_WRITE | IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE | IN_DELETE | IN_DELETE_SELF | IN_MOVE_SELF
         | IN_ONLYDIR)
 DEFAULT_POLL_INTERVAL = 10.0
@@ -49,52 +49,6 @@ Log = Callable[[str], None]
 
 def _stderr(line: str) -> None:
     print(f"gpuhook: {line}", file=sys.stderr, flush=True)
-
-
-class Inotify:
-    """inotify through libc (ctypes): directories added as they appear; unavailable means poll only."""
-
-    def __init__(self) -> None:
-        self.fd = -1
-        try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-            libc.inotify_init1.argtypes = [ctypes.c_int]
-            libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
-            self._libc: ctypes.CDLL | None = libc
-            self.fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
-        except (OSError, AttributeError):
-            self._libc = None
-
-    @property
-    def available(self) -> bool:
-        return self.fd >= 0
-
-    def watch(self, paths: list[str]) -> None:
-        """Add a watch for each existing directory; re-adding one is a no-op, a recreated one gets a new watch."""
-        if self._libc is None or self.fd < 0:
-            return
-        for path in paths:
-            self._libc.inotify_add_watch(self.fd, os.fsencode(path), MASK)  # failure: gone again, poll covers it
-
-    def drain(self) -> int:
-        """Read and discard pending events; returns how many there were."""
-        count = 0
-        with contextlib.suppress(BlockingIOError, OSError):
-            while self.fd >= 0:
-                data = os.read(self.fd, 65536)
-                if not data:
-                    break
-                offset = 0
-                while offset + 16 <= len(data):
-                    size = struct.unpack_from("iIII", data, offset)[3]
-                    offset += 16 + size
-                    count += 1
-        return count
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
 
 
 def watched_dirs(roots: Roots) -> list[str]:
@@ -208,13 +162,14 @@ class SpecWatcher:
         self.log(f"watching {self.roots.driver_root} for driver changes ({mode}, every {self.poll_interval:g}s)")
         try:
             while not self.done:
-                inotify.watch(watched_dirs(self.roots))
+                for path in watched_dirs(self.roots):  # re-adding is a no-op; a recreated dir gets a new watch
+                    inotify.add_watch(path, MASK)
                 self.refresh()
                 fds = [self._wake_r] + ([inotify.fd] if inotify.available else [])
                 ready, _, _ = select.select(fds, [], [], self.poll_interval)
                 if inotify.fd in ready and not self.done:
                     time.sleep(self.settle)
-                    inotify.drain()
+                    inotify.read_masks()
                 if self._wake_r in ready:
                     with contextlib.suppress(BlockingIOError, OSError):
                         os.read(self._wake_r, 4096)
