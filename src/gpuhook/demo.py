@@ -28,22 +28,11 @@ def _step(title: str) -> None:
     click.secho(f"\n== {title}", bold=True)
 
 
-def _busybox() -> str | None:
-    for candidate in ("/bin/busybox", "/usr/bin/busybox"):
-        if os.path.exists(candidate):
-            out = subprocess.run(["file", "-L", candidate], capture_output=True, text=True, check=False).stdout
-            if "statically linked" in out or "static-pie" in out or not shutil.which("file"):
-                return candidate
-    return None
+def _bundle(work: Path, hook: str, config: Path) -> Path:
+    from .fakedriver.rootfs import busybox_rootfs
 
-
-def _bundle(work: Path, hook: str, config: Path, busybox: str) -> Path:
-    rootfs = work / "bundle/rootfs"
-    for sub in ("bin", "dev", "proc", "sys", "tmp", "etc", "usr/lib/x86_64-linux-gnu"):
-        (rootfs / sub).mkdir(parents=True, exist_ok=True)
-    shutil.copy2(busybox, rootfs / "bin/busybox")
-    for applet in ("sh", "ls", "cat", "grep", "head", "sed", "echo", "readlink", "cut"):
-        (rootfs / "bin" / applet).symlink_to("busybox")
+    rootfs = busybox_rootfs(work / "bundle/rootfs")
+    (rootfs / "usr/lib/x86_64-linux-gnu").mkdir(parents=True, exist_ok=True)
     spec = {
         "ociVersion": "1.0.2",
         "process": {
@@ -77,8 +66,10 @@ def _bundle(work: Path, hook: str, config: Path, busybox: str) -> Path:
 
 
 def _run_container(work: Path, root: Path) -> None:
+    from .fakedriver.rootfs import find_static_busybox
+
     hook = str(Path(sys.executable).with_name("gpuhook-hook"))
-    busybox = _busybox()
+    busybox = find_static_busybox()
     missing = [
         what
         for what, ok in (
@@ -97,7 +88,7 @@ def _run_container(work: Path, root: Path) -> None:
         f'driver-root = "{root}"\nproc-root = "{root}/proc"\nlog-file = "{work}/gpuhook.log"\n'
         f'inventory-cache = "{work}/inventory.json"\n'
     )
-    bundle = _bundle(work, hook, config, busybox or "")
+    bundle = _bundle(work, hook, config)
     click.echo("runc run with NVIDIA_VISIBLE_DEVICES=0 and gpuhook-hook as prestart hook:")
     cid = f"gpuhook-demo-{os.getpid()}"
     try:

@@ -26,6 +26,7 @@ from .contract import (  # noqa: F401 - re-exported: the contract's names as the
 from .errors import RequestError
 
 SPECIAL_WORDS = ("all", "none", "void")
+JETPACK_REQUIREMENT = f"{REQUIRE_PREFIX}JETPACK"  # a Jetson board requirement, not a driver constraint
 TRUE_WORDS = ("1", "true", "yes", "on", "y", "t")
 
 
@@ -114,13 +115,14 @@ def is_true(value: str | None) -> bool:
 _CUDA_VERSION_RE = re.compile(r"^(\d+)\.(\d+)")
 
 
+def requirement_keys(env: Mapping[str, str]) -> list[str]:
+    """The NVIDIA_REQUIRE_* variables that carry a constraint (JETPACK is not one), sorted."""
+    return sorted(k for k, v in env.items() if k.startswith(REQUIRE_PREFIX) and k != JETPACK_REQUIREMENT and v.strip())
+
+
 def requirements(env: Mapping[str, str], legacy: bool) -> tuple[str, ...]:
     """The NVIDIA_REQUIRE_* constraints (JETPACK excepted), plus a legacy image's implicit cuda>=X.Y."""
-    found = [
-        value.strip()
-        for key, value in sorted(env.items())
-        if key.startswith(REQUIRE_PREFIX) and key != "NVIDIA_REQUIRE_JETPACK" and value.strip()
-    ]
+    found = [env[key].strip() for key in requirement_keys(env)]
     if legacy:
         match = _CUDA_VERSION_RE.match(env.get(LEGACY_CUDA_VERSION, ""))
         if match:

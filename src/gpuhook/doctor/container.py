@@ -20,19 +20,21 @@ from ..report import edits_to_dict, format_edits
 from ..request import (
     CDI_ANNOTATION_PREFIX,
     DISABLE_REQUIRE,
-    REQUIRE_PREFIX,
+    DRIVER_CAPABILITIES,
+    LEGACY_CUDA_VERSION,
     VISIBLE_DEVICES,
     VOLUME_MOUNT_DIR,
     Request,
     env_map,
     is_privileged,
     parse_request,
+    requirement_keys,
 )
 from ..select import all_devices, find_device, resolve
 from .model import INFO, OK, PROBLEM, Finding
 
 NVIDIA_MAJOR = 195
-SHOWN_ENV = ("NVIDIA_", "CUDA_VERSION")
+SHOWN_ENV = ("NVIDIA_", LEGACY_CUDA_VERSION)
 
 
 @dataclass(frozen=True)
@@ -132,7 +134,7 @@ def _why_nothing(steps: _Steps, request: Request, inp: ContainerInput, config: C
                            "'leave this container untouched' (CDI specs set it so that no hook injects twice)",
                   f"{VISIBLE_DEVICES}=all (or the GPUs it should get)")
         return "nothing"
-    if "CUDA_VERSION" in env:
+    if LEGACY_CUDA_VERSION in env:
         why = (f"{VISIBLE_DEVICES} is unset (CUDA_VERSION is set, but with NVIDIA_REQUIRE_CUDA, which makes it no "
                "legacy CUDA image)")
     else:
@@ -173,7 +175,7 @@ def _selection_line(inv: Inventory, request: Request, devices: Sequence[Gpu | Mi
 def _capability_line(request: Request, env: Mapping[str, str]) -> str:
     caps = sorted(request.capabilities)
     expanded = sorted(catalogue.expand_capabilities(request.capabilities) - request.capabilities)
-    source = "NVIDIA_DRIVER_CAPABILITIES" if env.get("NVIDIA_DRIVER_CAPABILITIES", "").strip() else "default"
+    source = DRIVER_CAPABILITIES if env.get(DRIVER_CAPABILITIES, "").strip() else "default"
     extra = f" (which bring {', '.join(expanded)} too)" if expanded else ""
     return f"capabilities: {', '.join(caps)} ({source}){extra}"
 
@@ -224,7 +226,7 @@ def explain(inp: ContainerInput, inv: Inventory | None, config: Config) -> tuple
 def _requirements(steps: _Steps, inv: Inventory, request: Request, env: Mapping[str, str],
                   devices: Sequence[Gpu | MigDevice]) -> bool:
     """One step per constraint (require.check on each alone, so every unmet one is named); True if one fails."""
-    asked = [k for k in env if k.startswith(REQUIRE_PREFIX) and k != "NVIDIA_REQUIRE_JETPACK" and env[k].strip()]
+    asked = requirement_keys(env)
     if asked and not request.requirements:
         why = DISABLE_REQUIRE if env.get(DISABLE_REQUIRE) else "disable-require in the config"
         steps.add(INFO, f"requirements {', '.join(asked)} not checked ({why})")
