@@ -26,6 +26,11 @@ from typing import Any
 
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS_DIR = BENCH_DIR / "results"
+TESTS_DIR = BENCH_DIR.parent / "tests"
+# The containers the benchmarks start are the tests' (tests/support: bundles, runc, a private podman), so the
+# scripts run where the tests do: after the README's test install (`pip install '.[test]'`, for pytest).
+if str(TESTS_DIR) not in sys.path:
+    sys.path.insert(1, str(TESTS_DIR))
 RUNS = 20
 QUICK_RUNS = 3
 

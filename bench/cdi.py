@@ -1,6 +1,6 @@
 """What gpuhook's CDI path adds to a podman start: `--device nvidia.com/gpu=all` vs the same container without.
 
-podman 4.3.1 + runc, private storage, our spec in a private /etc/cdi (see _containers.Podman). The spec is
+podman 4.3.1 + runc, private storage, our spec in a private /etc/cdi (see tests/support/podman.py). The spec is
 `gpuhook generate-cdi` for a simulated driver (2 GPUs by default, as the issue's nvidia-ctk reference) with
 `--hook-path` the lean entry script (`gpuhook hook install`), so its createContainer hooks (create-symlinks,
 update-ldcache) start python -IS. Measured alongside, interleaved: the spec whose hooks call the `gpuhook`
@@ -31,7 +31,7 @@ from _common import (
     workdir,
     write_json,
 )
-from _containers import Podman, busybox_template, fresh_rootfs, install_lean_entry
+from _containers import Podman, busybox_template, fresh_rootfs, install_lean_entry, podman_run
 
 TARGET = 70.0
 DEVICE = "nvidia.com/gpu=all"
@@ -63,22 +63,22 @@ def bench(args: argparse.Namespace) -> None:
         stripped = yaml.safe_load(specs["lean"])
         hooks = stripped["containerEdits"].pop("hooks", [])
         specs["no-hooks"] = yaml.safe_dump(stripped, sort_keys=False)
-        podman = Podman.create(work / "podman")
         template = busybox_template(work / "busybox")
-        spec_file = podman.spec_dir / "nvidia.yaml"
+        with Podman.create(work / "podman") as podman:
+            spec_file = podman.spec_dir / "nvidia.yaml"
 
-        def case(name: str, spec: str, devices: list[str]) -> Callable[[int], float]:
-            def start(round_: int) -> float:
-                spec_file.write_text(spec)
-                rootfs = fresh_rootfs(template, work / f"rootfs-{name}")
-                return podman.run(rootfs, devices, ["true"])
+            def case(name: str, spec: str, devices: list[str]) -> Callable[[int], float]:
+                def start(round_: int) -> float:
+                    spec_file.write_text(spec)
+                    rootfs = fresh_rootfs(template, work / f"rootfs-{name}")
+                    return podman_run(podman, rootfs, devices, ["true"])
 
-            return start
+                return start
 
-        cases = {"none": case("none", specs["lean"], [])}
-        cases.update({name: case(name, text, [DEVICE]) for name, text in specs.items()})
-        samples = interleaved(cases, args.runs, warmup=2, seed=args.seed)
-        check_hooks_ran(work / "rootfs-lean")
+            cases = {"none": case("none", specs["lean"], [])}
+            cases.update({name: case(name, text, [DEVICE]) for name, text in specs.items()})
+            samples = interleaved(cases, args.runs, warmup=2, seed=args.seed)
+            check_hooks_ran(work / "rootfs-lean")
 
     rows = [row("podman run, no device", samples["none"]),
             row(f"{DEVICE}, hooks via lean entry", samples["lean"]),

@@ -35,10 +35,9 @@ from _containers import (
     fresh_rootfs,
     hook_entry,
     install_lean_entry,
-    runc_base_config,
+    make_bundle,
     runc_run,
     unique_id,
-    write_bundle,
     write_hook_config,
 )
 
@@ -58,14 +57,13 @@ def bench(args: argparse.Namespace) -> None:
     load_before = list(os.getloadavg())
     with workdir("hook", args.keep) as work:
         fake = fake_driver(work / "driver", GPUS)
-        config = write_hook_config(work / "config.toml", fake.root, work)
+        config = write_hook_config(work, fake.root)
         lean = install_lean_entry(work / "gpuhook-hook")
         entries = {"lean": lean}
         console = console_hook()
         if console:
             entries["console"] = console
         template = busybox_template(work / "busybox")
-        base = runc_base_config(work)
         expected: dict[str, tuple[str, str]] = {}  # container id -> (case, expected log text)
 
         def case(name: str, env: list[str], hook: str | None) -> Callable[[int], float]:
@@ -73,7 +71,7 @@ def bench(args: argparse.Namespace) -> None:
                 bundle = work / f"bundle-{name}"
                 rootfs = fresh_rootfs(template, bundle / "rootfs")
                 hooks = {"prestart": [hook_entry(hook, config)]} if hook else None
-                write_bundle(bundle, base, rootfs, ["true"], env, hooks)
+                make_bundle(bundle, rootfs, ["true"], env=env, hooks=hooks)
                 cid = unique_id(f"ghb-{name}")
                 if hook:
                     expected[cid] = (name, REQUESTS[name[0]][1])

@@ -36,10 +36,9 @@ from _containers import (
     fresh_rootfs,
     hook_entry,
     install_lean_entry,
-    runc_base_config,
+    make_bundle,
     runc_run,
     unique_id,
-    write_bundle,
     write_hook_config,
 )
 
@@ -65,11 +64,10 @@ def bench(args: argparse.Namespace) -> None:
     with workdir("imp", args.keep) as work:
         fake = fake_driver(work / "driver", GPUS)
         entry = install_lean_entry(work / "gpuhook-hook")
-        config = write_hook_config(work / "config.toml", fake.root, work)
+        config = write_hook_config(work, fake.root)
         cold = work / "cold.toml"
         cold.write_text(config.read_text().replace(f'"{work}/inventory.json"', '""'))
         template = busybox_template(work / "busybox")
-        base = runc_base_config(work)
         traces = work / "traces"
         traces.mkdir()
         wrapper = work / "traced-hook"
@@ -82,7 +80,7 @@ def bench(args: argparse.Namespace) -> None:
                 bundle = work / "bundle"
                 rootfs = fresh_rootfs(template, bundle / "rootfs")
                 hooks = {"prestart": [hook_entry(str(wrapper), config_file)]}
-                write_bundle(bundle, base, rootfs, ["true"], env, hooks)
+                make_bundle(bundle, rootfs, ["true"], env=env, hooks=hooks)
                 for old in traces.iterdir():
                     old.unlink()
                 runc_run(bundle, unique_id("ghi"))
@@ -97,7 +95,7 @@ def bench(args: argparse.Namespace) -> None:
             def once(i: int) -> str:
                 bundle = work / "direct"
                 rootfs = fresh_rootfs(template, bundle / "rootfs")
-                write_bundle(bundle, base, rootfs, ["true"], env)
+                make_bundle(bundle, rootfs, ["true"], env=env)
                 state = json.dumps({"ociVersion": "1.0.2", "id": f"imp-{i}", "pid": os.getpid(), "status": "creating",
                                     "bundle": str(bundle)})
                 result = subprocess.run([sys.executable, "-IS", "-X", "importtime", entry, *argv],

@@ -19,9 +19,8 @@ from typing import Any
 import psutil
 import pytest
 from support import hostile
-from support.e2e import need_root, need_tool
 from support.kubelet import PluginProcess, TestKubelet, health, short_tempdir
-from support.runc import busybox_rootfs, make_bundle, need_busybox, runc_run, unique_id
+from support.runc import busybox_rootfs, make_bundle, runc_run, unique_id
 
 from gpuhook.fakedriver import FakeDriver
 
@@ -31,11 +30,7 @@ PROBE = ("echo NODES $(ls /dev | grep nvidia | sort | tr '\\n' ' '); "
 
 @pytest.fixture()
 def e2e() -> None:
-    need_root()
-    need_tool("runc")
-    need_tool("gcc")
-    need_busybox()
-    assert hostile.hook_binary(), "gpuhook-hook is not installed next to the test interpreter"
+    hostile.need_hook_e2e("gcc")
 
 
 def start(work: Path, fake: FakeDriver, env: list[str], timeout: int | None = None,

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -13,6 +11,7 @@ from typing import Any
 import pytest
 from support.e2e import need_root, need_tool
 from support.glibc import glibc_rootfs
+from support.hostile import content
 from support.runc import cgroup2_namespace, make_bundle, need_busybox, runc_run, unique_id
 
 from gpuhook import _native
@@ -201,21 +200,6 @@ def test_unprivileged_policy(e2e: Path, fake_driver: Any) -> None:
     assert nodes(by_mount.stdout) == ["nvidia-uvm", "nvidia-uvm-tools", "nvidia1", "nvidiactl"]
 
 
-def _listing(path: Path) -> dict[str, str]:
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(path):
-        for name in dirnames + filenames:
-            full = Path(dirpath) / name
-            rel = str(full.relative_to(path))
-            if full.is_symlink():
-                out[rel] = "-> " + os.readlink(full)
-            elif full.is_file():
-                out[rel] = hashlib.sha256(full.read_bytes()).hexdigest()
-            else:
-                out[rel] = "dir"
-    return out
-
-
 HOSTILE_LINKS = [
     "usr/lib/x86_64-linux-gnu",
     "etc/ld.so.conf.d",
@@ -250,7 +234,7 @@ def test_hostile_symlink_to_host_dir(
             target.unlink()
         target.symlink_to(victim)  # absolute: the host directory when seen from the host
         result, _ = run(run_dir, fake_driver, env, rootfs=rootfs)
-        views.append(_listing(victim))
+        views.append(content(victim))
         if env and result.returncode != 0:
             assert "gpuhook-hook:" in result.stderr  # a clear refusal, not a crash
     assert views[1] == views[0]

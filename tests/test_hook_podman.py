@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import hostile
 from support.glibc import glibc_rootfs
-from support.podman import LIST_NODES, RUN_FLAGS, Podman, need_podman, parse_nodes
+from support.podman import LIST_NODES, Podman, need_podman, parse_nodes
 
 from gpuhook import _native
 
@@ -36,11 +37,7 @@ def podman(tmp_path: Path) -> Any:
 
 def hooks_dir(tmp: Path, fake: Any) -> Path:
     """The repo's oci-hooks.d/gpuhook.json, pointed at the installed hook and a config for the fake."""
-    config = tmp / "config.toml"
-    config.write_text(
-        f'driver-root = "{fake.root}"\nproc-root = "{fake.root}/proc"\n'
-        f'log-file = "{tmp}/gpuhook.log"\ninventory-cache = ""\n'
-    )
+    config = hostile.write_config(tmp, fake.root, inventory_cache="")
     spec = json.loads((REPO / "oci-hooks.d/gpuhook.json").read_text())
     spec["hook"]["path"] = HOOK
     spec["hook"]["args"] = ["gpuhook-hook", "--config", str(config), "prestart"]
@@ -48,6 +45,18 @@ def hooks_dir(tmp: Path, fake: Any) -> Path:
     out.mkdir()
     (out / "gpuhook.json").write_text(json.dumps(spec))
     return out
+
+
+def hooked_sh(podman: Podman, hooks: Path, rootfs: Path, script: str, env: list[str] | None = None,
+              ) -> subprocess.CompletedProcess[str]:
+    """`sh -c script` in `rootfs`, no CDI device, podman running the OCI hooks in `hooks`."""
+    return podman.sh(rootfs, [], script, env=env or [], global_flags=["--hooks-dir", str(hooks)])
+
+
+def driver_cache(rootfs: Path) -> set[str]:
+    """The names in `rootfs`'s ld.so.cache that are the driver's (a path with nvidia, or a name with cuda)."""
+    entries = _native.read_ldcache(str(rootfs / "etc/ld.so.cache"))
+    return {e.key for e in entries if "nvidia" in e.value or "cuda" in e.key}
 
 
 def view(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:
@@ -91,56 +100,22 @@ def test_hook_via_podman_equals_cdi(podman: Podman, fake_driver: Any, tmp_path: 
     cdi_view = view(podman.sh(cdi_rootfs, ["nvidia.com/gpu=0"], VIEW))
 
     hook_rootfs = glibc_rootfs(tmp_path / "hook", probe_cache=tmp_path / "probe")
-    cmd = podman.command(
-        "--hooks-dir",
-        str(hooks_dir(tmp_path, fake_driver)),
-        "run",
-        *RUN_FLAGS,
-        "--env",
-        "NVIDIA_VISIBLE_DEVICES=0",
-        "--env",
-        "NVIDIA_DRIVER_CAPABILITIES=all",
-        "--rootfs",
-        str(hook_rootfs),
-        "sh",
-        "-c",
-        VIEW,
-    )
-    hook_view = view(subprocess.run(cmd, capture_output=True, text=True, timeout=120))
+    hook_view = view(hooked_sh(podman, hooks_dir(tmp_path, fake_driver), hook_rootfs, VIEW,
+                               env=["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES=all"]))
 
     assert "/dev/nvidia0" in hook_view["nodes"] and "/dev/nvidia1" not in hook_view["nodes"]
     assert hook_view["nodes"] == cdi_view["nodes"]
     assert hook_view["mounts"] == cdi_view["mounts"] and hook_view["mounts"]
     assert hook_view["links"] == cdi_view["links"] and hook_view["links"]
     assert hook_view["probe"] == cdi_view["probe"] == "cuInit=0 count=1 version=12040"
-    hook_cache = {
-        e.key
-        for e in _native.read_ldcache(str(hook_rootfs / "etc/ld.so.cache"))
-        if "nvidia" in e.value or "cuda" in e.key
-    }
-    cdi_cache = {
-        e.key
-        for e in _native.read_ldcache(str(cdi_rootfs / "etc/ld.so.cache"))
-        if "nvidia" in e.value or "cuda" in e.key
-    }
+    hook_cache, cdi_cache = driver_cache(hook_rootfs), driver_cache(cdi_rootfs)
     assert hook_cache == cdi_cache and "libcuda.so.1" in hook_cache
     assert " inject devices=" in (tmp_path / "gpuhook.log").read_text()
 
 
 def test_hook_via_podman_skips_non_gpu_container(podman: Podman, fake_driver: Any, tmp_path: Path) -> None:
     rootfs = glibc_rootfs(tmp_path / "plain", probe_cache=tmp_path / "probe")
-    cmd = podman.command(
-        "--hooks-dir",
-        str(hooks_dir(tmp_path, fake_driver)),
-        "run",
-        *RUN_FLAGS,
-        "--rootfs",
-        str(rootfs),
-        "sh",
-        "-c",
-        LIST_NODES,
-    )
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    result = hooked_sh(podman, hooks_dir(tmp_path, fake_driver), rootfs, LIST_NODES)
     assert result.returncode == 0, result.stderr
     assert parse_nodes(result.stdout) == {}
     assert " skip request=unset" in (tmp_path / "gpuhook.log").read_text()

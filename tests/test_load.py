@@ -17,8 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 from support import hostile
-from support.e2e import need_root, need_tool
-from support.runc import busybox_rootfs, make_bundle, need_busybox, runc_cmd, runc_run
+from support.runc import busybox_rootfs, make_bundle, runc_cmd, runc_run
 
 from gpuhook.fakedriver import FakeDriver
 
@@ -51,10 +50,7 @@ def snapshot() -> dict[str, object]:
 
 @pytest.fixture()
 def e2e() -> None:
-    need_root()
-    need_tool("runc")
-    need_busybox()
-    assert hostile.hook_binary(), "gpuhook-hook is not installed next to the test interpreter"
+    hostile.need_hook_e2e()
 
 
 def test_300_starts_20_at_a_time(e2e: None, fake_driver: FakeDriver, tmp_path: Path) -> None:

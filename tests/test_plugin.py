@@ -539,37 +539,6 @@ def test_bad_configuration_is_one_line(fake_driver_mig: Any, kubelet: TestKubele
         assert not os.path.exists(os.path.join(kubelet.directory, "gpuhook-nvidia.com-gpu.sock"))
 
 
-# -- the benchmark helpers (bench scripts call these; here they only have to work) ---------------------------------
-
-
-def test_bench_helpers(fake_driver: Any, workdir: str) -> None:
-    from gpuhook.plugin import bench
-
-    kubelet_dir = os.path.join(workdir, "dp")
-    os.makedirs(kubelet_dir)
-    inv = inventory(fake_driver)
-    config = PluginConfig(kubelet_dir=kubelet_dir, cdi_spec_dir=None, hook_path="/bin/true", health=FAST_HEALTH)
-    plugin = Plugin(config, lambda: inv)
-    plugin.start()
-    thread = threading.Thread(target=plugin.run, daemon=True)
-    thread.start()
-    try:
-        sock = plugin.served[0].endpoint.path
-        ids = [d.id for d in plugin.resources[0].devices]
-        alloc = bench.allocate_latency(sock, ids[:1], rounds=50, warmup=5)
-        assert alloc.count == 50 and 0 < alloc.median_ms <= alloc.p99_ms <= alloc.max_ms
-        assert bench.preferred_latency(sock, ids, 1, rounds=20, warmup=2).count == 20
-        wait_nvml_events(fake_driver, 2)
-        delay = bench.health_delay(sock, lambda: fake_driver.inject_xid(0, 79),
-                                   lambda m: m.devices[0].health == "Unhealthy")
-        assert delay > 0
-        rereg = bench.reregistration_delay(kubelet_dir, restarts=3, settle=0.01)
-        assert rereg.count == 3 and rereg.max_ms > 0
-    finally:
-        plugin.request_stop()
-        thread.join(10)
-
-
 # -- spec paths, reload, deployment files ---------------------------------------------------------------------------
 
 

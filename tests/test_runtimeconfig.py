@@ -608,9 +608,7 @@ def recorder(folder: Path) -> tuple[Path, Path]:
 
 def podman_true(world: Any, rootfs: Path, *global_flags: str, env: dict[str, str] | None = None
                 ) -> subprocess.CompletedProcess[str]:
-    from support.podman import RUN_FLAGS
-
-    cmd = world.command(*global_flags, "run", *RUN_FLAGS, "--rootfs", str(rootfs), "true")
+    cmd = world.run_command(rootfs, [], ["true"], global_flags=global_flags)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False,
                           env={**os.environ, **(env or {})})
 

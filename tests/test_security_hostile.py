@@ -363,11 +363,7 @@ def fake(fake_driver_factory: Any) -> FakeDriver:
 
 @pytest.fixture()
 def e2e() -> None:
-    need_root()
-    need_tool("runc")
-    need_tool("gcc")
-    need_busybox()
-    assert hostile.hook_binary(), "gpuhook-hook is not installed next to the test interpreter"
+    hostile.need_hook_e2e("gcc")
 
 
 @dataclass
@@ -389,16 +385,24 @@ def start(work: Path, fake: FakeDriver, case: Case, gpu: bool, victim: Path, mar
     env += ["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES=all"] if gpu else []
     bundle = make_bundle(work / "bundle", rootfs, ["sh", "-c", PROBE.format(root=fake.root)], env=env,
                          hooks=hostile.prestart_hooks(config))
+    return watched_start(rootfs, case, lambda: runc_run(bundle, unique_id("hostile"), timeout=HOOK_TIMEOUT),
+                         str(config))
+
+
+def watched_start(rootfs: Path, case: Case, run: Callable[[], subprocess.CompletedProcess[str]],
+                  leftover_key: str) -> Start:
+    """`run()` the start with `case.inotify`'s files of `rootfs` watched; a timeout is a hang (rc None). No
+    process whose command line has `leftover_key` may outlive a start that did not hang."""
     watcher = hostile.Inotify()
     try:
         for rel in case.inotify:
             watcher.watch(rootfs / rel)
         try:
-            result = runc_run(bundle, unique_id("hostile"), timeout=HOOK_TIMEOUT)
+            result = run()
             rc, out, err = result.returncode, result.stdout, result.stderr
         except subprocess.TimeoutExpired as exc:
             rc, out, err = None, str(exc.stdout or ""), str(exc.stderr or "")
-        leftovers = hostile.kill_leftovers(str(config))
+        leftovers = hostile.kill_leftovers(leftover_key)
         opened = watcher.events()
     finally:
         watcher.close()
@@ -422,8 +426,12 @@ def marker(tmp_path: Path) -> Iterator[Path]:
     yield path
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_hostile_image_runc(e2e: None, fake: FakeDriver, tmp_path: Path, marker: Path, case: Case) -> None:
+def plain_and_gpu(fake: FakeDriver, tmp_path: Path, marker: Path,
+                  start_one: Callable[[Path, bool, Path], Start]) -> tuple[Start, Start]:
+    """The plain start and the GPU start of one case (`start_one(work, gpu, victim)`, each with its own victim
+    dir holding host data), then what the host must show whatever came of them: nothing planted ran for the
+    GPU start, the watched directories, the victims and the mount table as the plain start left them, no
+    special file of the image opened, no hang, no traceback."""
     watched = [*hostile.HOST_WATCH, str(fake.root)]
     skip = [str(fake.root / "run")]  # the NVML mock's control files
     mounts_before = hostile.host_mounts()
@@ -433,11 +441,10 @@ def test_hostile_image_runc(e2e: None, fake: FakeDriver, tmp_path: Path, marker:
         victim = tmp_path / f"host-victim-{gpu}"  # where an image link points on the host; one per start
         victim.mkdir()
         (victim / "keep.txt").write_text("host data\n")
-        runs[gpu] = start(tmp_path / f"start-{gpu}", fake, case, gpu, victim, marker, tmp_path.parent / "probe")
+        runs[gpu] = start_one(tmp_path / f"start-{gpu}", gpu, victim)
     plain, gpu = runs[False], runs[True]
 
     hostile.marker_check(marker, gpu.rootfs)
-    hostile.marker_check(marker, plain.rootfs)
     assert hostile.diff(before, hostile.signature(watched, skip)) == [], "a watched host directory changed"
     # runc itself acts through some links (it makes /dev's ptmx, fd, stdio links in a /dev -> victim): the GPU
     # start may do exactly what the plain start did there, nothing more
@@ -446,17 +453,37 @@ def test_hostile_image_runc(e2e: None, fake: FakeDriver, tmp_path: Path, marker:
     assert gpu.opened == [], f"a special file of the image was opened from the host: {gpu.opened}"
     assert gpu.rc is not None, f"the start hung (>{HOOK_TIMEOUT}s): {gpu.stderr}"
     assert "Traceback" not in gpu.stderr
-    if plain.rc != 0:  # runc itself refuses this image; the hook has nothing to prove
-        assert case.expect == "either", plain.stderr
+    return plain, gpu
+
+
+def check_outcome(plain: Start, gpu: Start, expect: str, fake: FakeDriver, refused: Callable[[Start], None]) -> None:
+    """The GPU start did what `expect` says: "ok" (the view inside checked), "fail" (a refusal, as `refused`
+    checks) or "either". When the plain start failed, the runtime refuses the image by itself: then only
+    "either" is right, and the GPU start must fail too."""
+    if plain.rc != 0:  # the runtime itself refuses this image; the hook has nothing to prove
+        assert expect == "either", plain.stderr
         assert gpu.rc != 0
         return
-    if case.expect == "ok" or (case.expect == "either" and gpu.rc == 0):
+    if expect == "ok" or (expect == "either" and gpu.rc == 0):
         assert gpu.rc == 0, gpu.stderr
         check_view(gpu, fake)
     else:
         assert gpu.rc != 0, f"expected a refusal, the start worked: {gpu.stdout}"
-        hook_lines = [line for line in gpu.stderr.splitlines() if "gpuhook-hook:" in line]
-        assert hook_lines, gpu.stderr
+        refused(gpu)
+
+
+def hook_refused(run: Start) -> None:
+    """Refused by the prestart hook: runc relays its `gpuhook-hook: ...` line."""
+    hook_lines = [line for line in run.stderr.splitlines() if "gpuhook-hook:" in line]
+    assert hook_lines, run.stderr
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_hostile_image_runc(e2e: None, fake: FakeDriver, tmp_path: Path, marker: Path, case: Case) -> None:
+    plain, gpu = plain_and_gpu(fake, tmp_path, marker, lambda work, gpu, victim: start(
+        work, fake, case, gpu, victim, marker, tmp_path.parent / "probe"))
+    hostile.marker_check(marker, plain.rootfs)
+    check_outcome(plain, gpu, case.expect, fake, hook_refused)
 
 
 # --- the unprivileged policy -------------------------------------------------------------------------------
@@ -520,53 +547,18 @@ def podman_start(world: Podman, work: Path, fake: FakeDriver, case: Case, gpu: b
     rootfs = glibc_rootfs(work, probe_cache=probe_cache)
     env = hostile.plant(rootfs, work / "planted-host", marker)
     case.setup(rootfs, victim, fake)
-    watcher = hostile.Inotify()
-    try:
-        for rel in case.inotify:
-            watcher.watch(rootfs / rel)
-        try:
-            result = world.sh(rootfs, ["nvidia.com/gpu=0"] if gpu else [], PROBE.format(root=fake.root), env=env,
-                              timeout=HOOK_TIMEOUT)
-            rc, out, err = result.returncode, result.stdout, result.stderr
-        except subprocess.TimeoutExpired as exc:
-            rc, out, err = None, str(exc.stdout or ""), str(exc.stderr or "")
-        leftovers = hostile.kill_leftovers(str(rootfs))
-        opened = watcher.events()
-    finally:
-        watcher.close()
-    assert not leftovers or rc is None, f"processes left behind: {leftovers}"
-    return Start(rc, out, err, rootfs, opened)
+    devices = ["nvidia.com/gpu=0"] if gpu else []
+    return watched_start(rootfs, case, lambda: world.sh(rootfs, devices, PROBE.format(root=fake.root), env=env,
+                                                        timeout=HOOK_TIMEOUT), str(rootfs))
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_hostile_image_podman_cdi(world: Podman, fake: FakeDriver, tmp_path: Path, marker: Path, case: Case) -> None:
-    watched = [*hostile.HOST_WATCH, str(fake.root)]
-    skip = [str(fake.root / "run")]
-    mounts_before = hostile.host_mounts()
-    before = hostile.signature(watched, skip)
-    runs = {}
-    for gpu in (False, True):
-        victim = tmp_path / f"host-victim-{gpu}"
-        victim.mkdir()
-        (victim / "keep.txt").write_text("host data\n")
-        runs[gpu] = podman_start(world, tmp_path / f"start-{gpu}", fake, case, gpu, victim, marker,
-                                 tmp_path.parent / "probe")
-    plain, gpu = runs[False], runs[True]
-    hostile.marker_check(marker, gpu.rootfs)
-    assert hostile.diff(before, hostile.signature(watched, skip)) == [], "a watched host directory changed"
-    assert hostile.content(tmp_path / "host-victim-True") == hostile.content(tmp_path / "host-victim-False")
-    assert hostile.host_mounts() == mounts_before
-    assert gpu.opened == [], f"a special file of the image was opened from the host: {gpu.opened}"
-    assert gpu.rc is not None, f"the start hung (>{HOOK_TIMEOUT}s): {gpu.stderr}"
-    assert "Traceback" not in gpu.stderr
-    expect = case.cdi_expect
-    if plain.rc != 0:  # podman/runc refuse this image by themselves
-        assert expect == "either", plain.stderr
-        assert gpu.rc != 0
-        return
-    if expect == "ok" or (expect == "either" and gpu.rc == 0):
-        assert gpu.rc == 0, gpu.stderr
-        check_view(gpu, fake)
-    else:  # refused by runc (securejoin) or by our cdi-hook (`gpuhook: ...`), in one line
-        assert gpu.rc != 0, f"expected a refusal, the start worked: {gpu.stdout}"
-        assert "Error: " in gpu.stderr
+    plain, gpu = plain_and_gpu(fake, tmp_path, marker, lambda work, gpu, victim: podman_start(
+        world, work, fake, case, gpu, victim, marker, tmp_path.parent / "probe"))
+    check_outcome(plain, gpu, case.cdi_expect, fake, podman_refused)
+
+
+def podman_refused(run: Start) -> None:
+    """Refused by runc (securejoin) or by our cdi-hook (`gpuhook: ...`), in one line."""
+    assert "Error: " in run.stderr

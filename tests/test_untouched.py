@@ -16,9 +16,8 @@ from typing import Any
 
 import pytest
 from support import hostile
-from support.e2e import need_root, need_tool
 from support.glibc import glibc_rootfs
-from support.runc import make_bundle, need_busybox, runc_run, unique_id
+from support.runc import make_bundle, runc_run, unique_id
 
 from gpuhook.fakedriver import FakeDriver
 
@@ -53,10 +52,7 @@ def view(stdout: str) -> list[Any]:
 
 @pytest.fixture()
 def e2e() -> None:
-    need_root()
-    need_tool("runc")
-    need_busybox()
-    assert hostile.hook_binary(), "gpuhook-hook is not installed next to the test interpreter"
+    hostile.need_hook_e2e()
 
 
 def starts(tmp_path: Path, fake: FakeDriver, env: list[str], caps: list[str] | None) -> list[tuple[Any, Any]]:

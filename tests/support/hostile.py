@@ -27,6 +27,9 @@ from typing import Any
 
 import psutil
 
+from .e2e import need_root, need_tool
+from .runc import need_busybox
+
 MARKER_SOURCE = r"""
 #include <fcntl.h>
 #include <string.h>
@@ -57,6 +60,17 @@ def hook_binary() -> str:
         return os.environ["GPUHOOK_TEST_HOOK"]
     path = Path(sys.executable).with_name("gpuhook-hook")
     return str(path) if path.exists() else shutil.which("gpuhook-hook") or ""
+
+
+def need_hook_e2e(*tools: str) -> None:
+    """The gate of a test that starts runc containers with the installed hook: root, runc, `tools` (e.g.
+    gcc for planted libraries), a static busybox, and gpuhook-hook (hook_binary())."""
+    need_root()
+    need_tool("runc")
+    for tool in tools:
+        need_tool(tool)
+    need_busybox()
+    assert hook_binary(), "gpuhook-hook is not installed next to the test interpreter"
 
 
 def gpuhook_binary() -> str:

@@ -80,6 +80,12 @@ class Podman:
     def close(self) -> None:
         shutil.rmtree(self.runroot, ignore_errors=True)
 
+    def __enter__(self) -> Podman:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def command(self, *args: str) -> list[str]:
         """podman with this world's storage and the flags that work here, inside the private CDI namespace."""
         podman = [
@@ -89,15 +95,21 @@ class Podman:
         return ["unshare", "-m", "--propagation", "private", "sh", "-c", _PRIVATE_CDI, "sh",
                 str(self.spec_dir), str(self.base / "etc-overlay"), *podman]
 
-    def run(self, rootfs: Path, devices: Sequence[str], argv: Sequence[str], *, env: Sequence[str] = (),
-            timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        """`podman run` of `argv` in `rootfs` with CDI `devices` (qualified names); never raises on failure."""
+    def run_command(self, rootfs: Path, devices: Sequence[str], argv: Sequence[str], *, env: Sequence[str] = (),
+                    global_flags: Sequence[str] = ()) -> list[str]:
+        """The command line of `podman run --rm` of `argv` in `rootfs` with CDI `devices` (qualified names) and
+        `env` items; `global_flags` go before `run` (e.g. `--hooks-dir DIR`)."""
         flags = [*RUN_FLAGS]
         for device in devices:
             flags += ["--device", device]
         for item in env:
             flags += ["--env", item]
-        cmd = self.command("run", *flags, "--rootfs", str(rootfs), *argv)
+        return self.command(*global_flags, "run", *flags, "--rootfs", str(rootfs), *argv)
+
+    def run(self, rootfs: Path, devices: Sequence[str], argv: Sequence[str], *, env: Sequence[str] = (),
+            global_flags: Sequence[str] = (), timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        """`podman run` of `argv` in `rootfs` with CDI `devices` (see run_command); never raises on failure."""
+        cmd = self.run_command(rootfs, devices, argv, env=env, global_flags=global_flags)
         return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
 
     def sh(self, rootfs: Path, devices: Sequence[str], script: str, **kw: object) -> subprocess.CompletedProcess[str]:

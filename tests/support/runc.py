@@ -21,7 +21,6 @@ import contextlib
 import copy
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -32,14 +31,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .e2e import need
+from gpuhook.fakedriver import rootfs as _rootfs
+from gpuhook.fakedriver.rootfs import BUSYBOX_CANDIDATES as BUSYBOX_CANDIDATES  # re-exported
+from gpuhook.fakedriver.rootfs import DEFAULT_APPLETS
 
-BUSYBOX_CANDIDATES = ("/bin/busybox", "/usr/bin/busybox")
-DEFAULT_APPLETS = (
-    "sh", "cat", "ls", "sleep", "stat", "readlink", "mount", "umount", "test", "[", "echo", "true", "false",
-    "mkdir", "mknod", "rm", "ln", "touch", "id", "env", "grep", "head", "tail", "wc", "find", "dd", "printf",
-    "chmod", "uname", "ps", "kill", "hexdump", "od", "cut", "sort", "tr", "sed", "which", "realpath",
-)  # fmt: skip
+from .e2e import need
 
 # `runc spec` (runc 1.1) defaults, adjusted for tests: no terminal, writable root.
 _BASE_CONFIG: dict[str, Any] = {
@@ -101,51 +97,20 @@ def unique_id(prefix: str = "gpuhook-test") -> str:
 
 def find_busybox() -> str | None:
     """A statically linked busybox (busybox-static), which runs in an otherwise empty rootfs."""
-    for candidate in BUSYBOX_CANDIDATES:
-        path = Path(candidate)
-        if path.is_file() and _is_static(path):
-            return candidate
-    return None
-
-
-def _is_static(path: Path) -> bool:
-    """No PT_INTERP program header means no dynamic loader is needed."""
-    data = path.read_bytes()[:4096]
-    if data[:4] != b"\x7fELF" or data[4] != 2:
-        return False
-    phoff = int.from_bytes(data[32:40], "little")
-    phentsize = int.from_bytes(data[54:56], "little")
-    phnum = int.from_bytes(data[56:58], "little")
-    for i in range(phnum):
-        off = phoff + i * phentsize
-        if off + 4 <= len(data) and int.from_bytes(data[off : off + 4], "little") == 3:  # PT_INTERP
-            return False
-    return True
+    return _rootfs.find_static_busybox()
 
 
 def need_busybox() -> str:
     """Gate: skip (or fail under GPUHOOK_REQUIRE_E2E) without a static busybox."""
     path = find_busybox()
-    need(path is not None, "needs a static busybox (apt-get install busybox-static)")
+    need(path is not None, f"needs a static busybox ({_rootfs.INSTALL_HINT})")
     return path or ""
 
 
 def busybox_rootfs(dir: str | os.PathLike[str], applets: Sequence[str] = DEFAULT_APPLETS) -> Path:
-    """`dir`/rootfs: a static busybox plus applet symlinks in /bin, and the usual empty top-level dirs."""
-    busybox = find_busybox()
-    if busybox is None:
-        raise FileNotFoundError("no static busybox found (apt-get install busybox-static)")
-    rootfs = Path(dir) / "rootfs"
-    for sub in ("bin", "dev", "proc", "sys", "tmp", "etc", "root", "run", "usr/bin", "usr/lib", "var"):
-        (rootfs / sub).mkdir(parents=True, exist_ok=True)
-    shutil.copy2(busybox, rootfs / "bin" / "busybox")
-    for applet in applets:
-        link = rootfs / "bin" / applet
-        if not link.exists():
-            link.symlink_to("busybox")
-    (rootfs / "etc" / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
-    (rootfs / "etc" / "group").write_text("root:x:0:\n")
-    return rootfs
+    """`dir`/rootfs: a static busybox plus applet symlinks in /bin, and the usual empty top-level dirs
+    (gpuhook.fakedriver.rootfs.busybox_rootfs)."""
+    return _rootfs.busybox_rootfs(Path(dir) / "rootfs", applets)
 
 
 def base_config() -> dict[str, Any]:
