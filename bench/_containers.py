@@ -79,6 +79,6 @@ def podman_run(podman: Podman, rootfs: Path, devices: Sequence[str], argv: Seque
 
 def install_lean_entry(path: Path) -> str:
     """`gpuhook hook install --path PATH`, in-process: the -IS entry script the hook benchmarks run."""
-    from gpuhook.hook_entry import install
+    from gpuhook.cli.entry import install
 
     return install(str(path))

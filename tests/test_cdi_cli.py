@@ -13,9 +13,9 @@ import pytest
 import yaml
 from support.e2e import need_root, need_tool
 
-from gpuhook.atomic import WriteError, write_atomic
 from gpuhook.cdi import codec
 from gpuhook.fakedriver import FakeDriver
+from gpuhook.fileio.atomic import WriteError, write_atomic
 
 HOOK = "/usr/local/bin/gpuhook"
 
@@ -313,7 +313,7 @@ def test_update_ldcache(tmp_path: Path) -> None:
 # --- import weight -----------------------------------------------------------------------------------------------
 
 def test_hook_path_imports_stay_light() -> None:
-    code = ("import sys, gpuhook.cdi.cli, gpuhook.cdi.names; "
+    code = ("import sys, gpuhook.cli.cdi, gpuhook.cdi.names; "
             "print(sorted(m for m in ('yaml', 'jsonschema', 'referencing', 'gpuhook.discover') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

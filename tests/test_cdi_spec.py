@@ -13,8 +13,8 @@ from gpuhook.cdi import codec, names, version
 from gpuhook.cdi.errors import CdiError, InvalidName
 from gpuhook.cdi.spec import COMMON_ENV, HOOK_ENV, build_spec, default_devices, device_names
 from gpuhook.cdi.validate import validate_spec
-from gpuhook.discover.inventory import Gpu
-from gpuhook.edits import ALL_CAPABILITIES, common_edits, device_edits
+from gpuhook.model.edits import ALL_CAPABILITIES, common_edits, device_edits
+from gpuhook.model.inventory import Gpu
 
 HOOK = "/opt/gpuhook/bin/gpuhook"
 

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from gpuhook import driverfiles
-from gpuhook.cli import main as cli_main
+from gpuhook.cli.app import main as cli_main
 from gpuhook.discover import Roots, discover
 from gpuhook.errors import DiscoveryError
+from gpuhook.model import catalogue
 
 
 def roots(fake: Any) -> Roots:
@@ -58,7 +58,7 @@ def check_matches_fake(data: dict[str, Any], fake: Any) -> None:
         for gm, wm in zip(got["mig_devices"], want.mig_devices, strict=True):
             assert sorted(n["minor"] for n in gm["cap_nodes"]) == sorted([wm.gi_cap_minor, wm.ci_cap_minor])
     libs = {f["path"].rsplit("/", 1)[1] for f in data["files"] if f["kind"] == "lib"}
-    assert libs == {spec.file_name(fake.driver_version) for spec in driverfiles.LIBRARIES}
+    assert libs == {spec.file_name(fake.driver_version) for spec in catalogue.LIBRARIES}
     assert all(f["host_path"].startswith(str(fake.root)) for f in data["files"])
     names = set(data["control_nodes"])
     assert {"nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"} <= names

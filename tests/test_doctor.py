@@ -16,7 +16,7 @@ from click.testing import CliRunner, Result
 from support.fakefix import FAKE_MIG_LAYOUT
 
 from gpuhook.cdi.registry import scan
-from gpuhook.cli import cli
+from gpuhook.cli.app import cli
 from gpuhook.doctor import runtimes as rt
 from gpuhook.doctor.model import OK, PROBLEM, WARN
 from gpuhook.doctor.specs import SpecStatus

@@ -18,10 +18,10 @@ from click.testing import CliRunner
 from support.e2e import need
 from support.fakefix import FakeDriverFactory  # fixtures come from conftest.py
 
-from gpuhook import driverfiles
+from gpuhook.cli.fakedriver import fake_driver as fake_driver_cli
 from gpuhook.fakedriver import FakeDriver, build_fake_driver, pynvml_bound
-from gpuhook.fakedriver.cli import fake_driver as fake_driver_cli
 from gpuhook.fakedriver.model import gpu_uuid
+from gpuhook.model import catalogue as driverfiles
 
 NVML_ERROR_INSUFFICIENT_SIZE = 7
 NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25

@@ -26,14 +26,18 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from support.inv import sample_inventory
 
-from gpuhook import _native, config, driverfiles, hook, invcache, require
+from gpuhook import _native
 from gpuhook.cdi import codec
 from gpuhook.cdi.spec import build_spec
 from gpuhook.cdi.validate import validate_file, validate_spec
+from gpuhook.discover import cache as invcache
 from gpuhook.discover.roots import Roots
 from gpuhook.errors import ConfigError, RequestError
-from gpuhook.oci.bundle import BundleError, load_bundle, parse_state
-from gpuhook.request import (
+from gpuhook.hook import config
+from gpuhook.model import catalogue
+from gpuhook.model import requirements as require
+from gpuhook.model.contract import has_gpu_signal
+from gpuhook.model.request import (
     CDI_ANNOTATION_PREFIX,
     CDI_KIND,
     VOLUME_MOUNT_DIR,
@@ -42,7 +46,8 @@ from gpuhook.request import (
     is_privileged,
     parse_request,
 )
-from gpuhook.select import resolve
+from gpuhook.model.selection import resolve
+from gpuhook.oci.bundle import BundleError, load_bundle, parse_state
 
 # GPUHOOK_FUZZ_EXAMPLES=5000 for a longer hunt than the suite's default.
 FUZZ = settings(max_examples=int(os.environ.get("GPUHOOK_FUZZ_EXAMPLES", "250")), deadline=None,
@@ -67,7 +72,7 @@ ENV_KEYS = ["NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "NVIDIA_REQU
 
 word = st.sampled_from(WORDS) | st.text(max_size=8)
 device_list = st.lists(word, max_size=4).map(",".join) | st.text(max_size=30)
-capability_list = (st.lists(st.sampled_from([*driverfiles.CAPABILITIES, "all", "bogus", " compute", ""]),
+capability_list = (st.lists(st.sampled_from([*catalogue.CAPABILITIES, "all", "bogus", " compute", ""]),
                             max_size=4).map(",".join))
 requirement = st.lists(st.sampled_from(REQS) | st.text(max_size=10), max_size=3).map(" ".join)
 env_value = device_list | capability_list | requirement | st.sampled_from(["12.4", "11.0.3", "x.y", "1", "true"])
@@ -80,7 +85,7 @@ annotations = st.dictionaries(
     st.builds(lambda k: CDI_ANNOTATION_PREFIX + k, st.text(max_size=8)) | st.text(max_size=12),
     st.builds(lambda d: f"{CDI_KIND}={d}", word) | device_list | json_values, max_size=3)
 policies = st.builds(Policy, st.booleans(), st.booleans(), st.booleans(),
-                     st.frozensets(st.sampled_from(driverfiles.CAPABILITIES), min_size=1))
+                     st.frozensets(st.sampled_from(catalogue.CAPABILITIES), min_size=1))
 
 
 def select_and_check(request: Request) -> None:
@@ -203,42 +208,25 @@ def test_missing_or_unreadable_config_json(tmp_path: Path) -> None:
         load_bundle(str(tmp_path))
 
 
-# The hook's fast path must answer exactly as parse_state + load_bundle + parse_request would (hook.py says so).
-quick_skip = getattr(hook, "quick_skip", None)
-
-
-@pytest.mark.skipif(quick_skip is None, reason="this hook has no quick path")
+# The hook stops before the request parser when contract.has_gpu_signal says no: that must never skip a container
+# the parser would have given a GPU, under any policy.
 @FUZZ
 @given(config_objects, st.dictionaries(st.text(max_size=8), json_values, max_size=2) | json_values)
-def test_hook_quick_path_agrees_with_the_full_path(cfg: dict[str, Any], state_ann: Any) -> None:
-    assert quick_skip is not None
+def test_no_gpu_signal_means_unset_under_every_policy(cfg: dict[str, Any], state_ann: Any) -> None:
     with tempfile.TemporaryDirectory() as bundle_dir:
         Path(bundle_dir, "config.json").write_text(json.dumps(cfg))
         state = json.dumps({"id": "c1", "pid": 1, "bundle": bundle_dir, "annotations": state_ann}).encode()
-        skipped = quick_skip(state)
-        if skipped is None:
+        try:
+            full = parse_state(state)
+            bundle = load_bundle(full.bundle)
+        except BundleError:
             return
-        assert skipped == "c1"
-        full = parse_state(state)
-        bundle = load_bundle(full.bundle)
-        for policy in (Policy(), Policy(accept_envvar_unprivileged=False), Policy(accept_volume_mounts=False)):
-            request = parse_request(bundle.env, bundle.mounts, {**bundle.annotations, **full.annotations},
-                                    is_privileged(bundle.process), policy)
+        annotations = {**bundle.annotations, **full.annotations}
+        if has_gpu_signal(bundle.env, bundle.mounts, annotations):
+            return
+        for policy in (Policy(), Policy(accept_envvar_unprivileged=False), Policy(accept_volume_mounts=True)):
+            request = parse_request(bundle.env, bundle.mounts, annotations, is_privileged(bundle.process), policy)
             assert request.kind == "unset", (cfg, request)
-
-
-@pytest.mark.skipif(quick_skip is None, reason="this hook has no quick path")
-def test_hook_quick_path_deep_state() -> None:
-    assert quick_skip is not None
-    assert quick_skip(DEEP) is None
-
-
-@pytest.mark.skipif(quick_skip is None, reason="this hook has no quick path")
-def test_hook_quick_path_nul_root(tmp_path: Path) -> None:
-    """load_bundle refuses a root.path with NUL: the fast path must not skip such a container either."""
-    assert quick_skip is not None
-    (tmp_path / "config.json").write_text(json.dumps({"root": {"path": "a\0b"}}))
-    assert quick_skip(json.dumps({"id": "c1", "bundle": str(tmp_path)}).encode()) is None
 
 
 # --- the config file ---------------------------------------------------------------------------------------
@@ -247,7 +235,7 @@ CONFIG_KEYS = ["driver-root", "dev-root", "proc-root", "ldconfig", "log-file", "
                "accept-volume-mounts", "disable-require", "supported-capabilities", "inventory-cache", "source",
                "driver_root", "bogus"]
 toml_values = (st.text(max_size=12) | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
-               | st.lists(st.sampled_from([*driverfiles.CAPABILITIES, "bogus"]) | st.text(max_size=6), max_size=3)
+               | st.lists(st.sampled_from([*catalogue.CAPABILITIES, "bogus"]) | st.text(max_size=6), max_size=3)
                | st.dictionaries(st.text(max_size=5), st.text(max_size=5), max_size=2))
 toml_docs = st.dictionaries(st.sampled_from(CONFIG_KEYS) | st.text(max_size=8), toml_values, max_size=5).map(
     tomlkit.dumps)

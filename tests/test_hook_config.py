@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 
-from gpuhook.config import Config, load_config, parse_config
+from gpuhook.discover.cache import inventory, load_fresh
 from gpuhook.discover.roots import Roots
 from gpuhook.errors import ConfigError
-from gpuhook.invcache import inventory, load_fresh
+from gpuhook.hook.config import Config, load_config, parse_config
 
 
 def test_defaults_when_default_file_absent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("gpuhook.config.DEFAULT_PATH", str(tmp_path / "absent.toml"))
+    monkeypatch.setattr("gpuhook.hook.config.DEFAULT_PATH", str(tmp_path / "absent.toml"))
     config = load_config(None)
     assert config == Config()
     assert config.ldconfig == "@/sbin/ldconfig" and config.log_file == "/var/log/gpuhook.log"

@@ -15,9 +15,9 @@ from support.runc import run_in_child
 
 from gpuhook import _native
 from gpuhook.discover import Roots, discover
-from gpuhook.edits import Selection, plan
 from gpuhook.inject.apply import _mask_proc
 from gpuhook.inject.rootfs import RootFS
+from gpuhook.model.edits import Selection, plan
 
 
 def test_proc_masked_to_selected_gpu(fake_driver: Any, tmp_path: Path) -> None:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 from support.inv import sample_inventory
 
-from gpuhook.discover.inventory import Gpu, Inventory, MigDevice
-from gpuhook.edits import ALL_CAPABILITIES, common_edits, device_edits, plan
 from gpuhook.errors import RequestError, RequirementError
-from gpuhook.request import parse_request
-from gpuhook.require import check, parse_constraint
-from gpuhook.select import resolve
+from gpuhook.model.edits import ALL_CAPABILITIES, common_edits, device_edits, plan
+from gpuhook.model.inventory import Gpu, Inventory, MigDevice
+from gpuhook.model.request import parse_request
+from gpuhook.model.requirements import check, parse_constraint
+from gpuhook.model.selection import resolve
 
 
 @pytest.fixture()

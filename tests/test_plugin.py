@@ -589,7 +589,7 @@ def test_deployment_manifests_parse() -> None:
     assert args[0] == "device-plugin"
     from click.testing import CliRunner
 
-    from gpuhook.plugin.cli import device_plugin
+    from gpuhook.cli.plugin import device_plugin
 
     # every flag the manifest passes exists (parse only: --help after them stops before running)
     result = CliRunner().invoke(device_plugin, [a.split("#")[0].strip() for a in args[1:]] + ["--help"])

@@ -19,9 +19,9 @@ from support.kubelet import TestKubelet, short_tempdir
 from support.podman import LIST_NODES, Podman, need_podman, parse_nodes
 from support.runc import busybox_rootfs, need_busybox
 
+from gpuhook.cli.plugin import default_hook_path
 from gpuhook.discover import Roots, discover
 from gpuhook.fakedriver import FakeDriver
-from gpuhook.plugin.cli import default_hook_path
 from gpuhook.plugin.devices import Options
 from gpuhook.plugin.health import HealthConfig
 from gpuhook.plugin.lifecycle import Plugin, PluginConfig

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpuhook.errors import RequestError
-from gpuhook.request import (
+from gpuhook.model.request import (
     Policy,
     cdi_annotation_devices,
     is_privileged,

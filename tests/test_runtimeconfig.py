@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from gpuhook.cli import main
+from gpuhook.cli.app import main
 from gpuhook.runtimeconfig import hookspec, runtimes
 
 ROOT = Path(__file__).resolve().parent.parent

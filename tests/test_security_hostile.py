@@ -39,12 +39,12 @@ from support.podman import Podman, need_podman
 from support.runc import make_bundle, need_busybox, runc_run, unique_id
 
 from gpuhook.discover import Roots, discover
-from gpuhook.edits import plan
 from gpuhook.errors import InjectionError
 from gpuhook.fakedriver import FakeDriver
 from gpuhook.inject.rootfs import RootFS
-from gpuhook.request import is_privileged, parse_request
-from gpuhook.select import resolve
+from gpuhook.model.edits import plan
+from gpuhook.model.request import is_privileged, parse_request
+from gpuhook.model.selection import resolve
 
 pytestmark = pytest.mark.e2e
 

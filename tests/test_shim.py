@@ -19,11 +19,12 @@ from support.e2e import need_root, need_tool
 from support.glibc import glibc_rootfs
 from support.runc import cgroup2_namespace, make_bundle, need_busybox, runc_cmd, runc_delete, unique_id
 
-from gpuhook import _native, shim
+from gpuhook import _native
 from gpuhook.cdi.spec import build_spec, render_hooks
-from gpuhook.edits import Selection, plan
-from gpuhook.request import parse_request
-from gpuhook.select import resolve
+from gpuhook.model.edits import Selection, plan
+from gpuhook.model.request import parse_request
+from gpuhook.model.selection import resolve
+from gpuhook.shim import runtime as shim
 
 HOOK = "/opt/gpuhook/bin/gpuhook"
 SHIM = str(Path(sys.executable).with_name("gpuhook-runtime"))

@@ -20,9 +20,9 @@ import yaml
 from support.fakefix import FAKE_MIG_LAYOUT
 
 from gpuhook.cdi.errors import CdiError
+from gpuhook.cdi.watch import SpecWatcher, usable_devices, watched_dirs
 from gpuhook.discover import Roots
-from gpuhook.discover.inventory import Inventory
-from gpuhook.watch import SpecWatcher, usable_devices, watched_dirs
+from gpuhook.model.inventory import Inventory
 
 HOOK = "/opt/gpuhook/bin/gpuhook"
 
@@ -135,7 +135,7 @@ def test_mig_layout_change(watcher: Any, fake_driver_factory: Any) -> None:
 
 def test_poll_alone_notices(tmp_path: Path, fake_driver_factory: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Without inotify (procfs sends no events; a kernel may lack inotify) the slow poll finds the change."""
-    import gpuhook.watch as watch_mod
+    import gpuhook.cdi.watch as watch_mod
 
     monkeypatch.setattr(watch_mod.Inotify, "available", property(lambda self: False))
     fake = fake_driver_factory(gpus=2, fresh=True)
@@ -216,7 +216,7 @@ def test_systemd_unit_runs_the_watcher() -> None:
     """The unit's ExecStart is a valid `gpuhook generate-cdi --watch` command line writing into /var/run/cdi."""
     import shlex
 
-    from gpuhook.cdi.cli import generate_cdi
+    from gpuhook.cli.cdi import generate_cdi
 
     unit = Path(__file__).parents[1] / "runtime-config/systemd/gpuhook-cdi-refresh.service"
     lines = dict(line.split("=", 1) for line in unit.read_text().splitlines() if "=" in line and line[:1].isalpha())

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gpuhook import driverfiles as catalogue
-from gpuhook.discover.inventory import DeviceNode, DriverFile, Gpu, Inventory, MigDevice
+from gpuhook.model import catalogue
+from gpuhook.model.inventory import DeviceNode, DriverFile, Gpu, Inventory, MigDevice
 
 VERSION = "550.54.15"
 ROOT = "/host"

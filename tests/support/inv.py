@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuhook.discover.inventory import DeviceNode, DriverFile, Gpu, Inventory, MigDevice
+from gpuhook.model.inventory import DeviceNode, DriverFile, Gpu, Inventory, MigDevice
 
 LIB = "/usr/lib/x86_64-linux-gnu"
 

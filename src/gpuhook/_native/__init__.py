@@ -10,7 +10,7 @@ import errno
 import os
 from collections import namedtuple
 
-from ._gpuhook_native import ffi, lib
+from gpuhook._native._gpuhook_native import ffi, lib
 
 __all__ = [
     "LdCacheEntry", "ElfInfo", "BpfProgInfo",

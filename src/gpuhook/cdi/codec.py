@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from .errors import CdiError
+from gpuhook.cdi.errors import CdiError
 
 FORMATS: tuple[str, ...] = ("yaml", "json")
 SPEC_EXTENSIONS: tuple[str, ...] = (".yaml", ".json")  # what CDI loaders read; `.yml` is ignored by them

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..errors import GpuhookError
+from gpuhook.errors import GpuhookError
 
 
 class CdiError(GpuhookError):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from .errors import InvalidName
+from gpuhook.cdi.errors import InvalidName
 
 # How a spec names each device (see spec.device_names): "0"/"0:1", "GPU-…"/"MIG-…", "gpu0"/"mig0:1".
 NAME_STRATEGIES: tuple[str, ...] = ("index", "uuid", "type-index")

@@ -12,9 +12,9 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from . import codec
-from .errors import CdiError
-from .validate import validate_spec
+from gpuhook.cdi import codec
+from gpuhook.cdi.errors import CdiError
+from gpuhook.cdi.validate import validate_spec
 
 DEFAULT_SPEC_DIRS: tuple[str, ...] = ("/etc/cdi", "/var/run/cdi")
 

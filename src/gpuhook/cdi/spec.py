@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ..contract import VISIBLE_DEVICES
-from ..discover.inventory import DeviceNode, Gpu, Inventory, MigDevice
-from ..edits import ALL_CAPABILITIES, ContainerEdits, Mount, common_edits, device_edits, merge_all
-from . import names, version
-from .errors import CdiError
-from .names import DEFAULT_NAME_STRATEGIES, NAME_STRATEGIES
+from gpuhook.cdi import names, version
+from gpuhook.cdi.errors import CdiError
+from gpuhook.cdi.names import DEFAULT_NAME_STRATEGIES, NAME_STRATEGIES
+from gpuhook.model.contract import VISIBLE_DEVICES
+from gpuhook.model.edits import ALL_CAPABILITIES, ContainerEdits, Mount, common_edits, device_edits, merge_all
+from gpuhook.model.inventory import DeviceNode, Gpu, Inventory, MigDevice
 
 ALL_DEVICE = "all"
 HOOK_NAME = "createContainer"

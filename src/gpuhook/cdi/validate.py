@@ -13,7 +13,7 @@ import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from . import names, version
+from gpuhook.cdi import names, version
 
 VALID_HOOK_NAMES: frozenset[str] = frozenset(
     {"prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop"})
@@ -239,8 +239,8 @@ def validate_spec(data: Any, origin: str, *, schema: bool = True) -> list[str]:
 
 def validate_file(path: str) -> list[str]:
     """validate_spec for a file, a read or parse failure being one problem at `$`."""
-    from . import codec
-    from .errors import CdiError
+    from gpuhook.cdi import codec
+    from gpuhook.cdi.errors import CdiError
 
     try:
         data = codec.read(path)

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import os
 
-from .. import driverfiles as catalogue
-from ..errors import DiscoveryError
-from . import devnodes, procfs
-from .driverfiles import all_files, ldcache_index
-from .fingerprint import fingerprint
-from .inventory import DeviceNode, DriverFile, Gpu, Inventory, MigDevice
-from .roots import Roots, join, resolve_in_root
+from gpuhook.discover import devnodes, procfs
+from gpuhook.discover.driverfiles import all_files, ldcache_index
+from gpuhook.discover.fingerprint import fingerprint
+from gpuhook.discover.roots import Roots, join, resolve_in_root
+from gpuhook.errors import DiscoveryError
+from gpuhook.model import catalogue
+from gpuhook.model.inventory import DeviceNode, DriverFile, Gpu, Inventory, MigDevice
 
 __all__ = ["DeviceNode", "DriverFile", "Gpu", "Inventory", "MigDevice", "Roots", "discover", "nvml_library"]
 
@@ -71,7 +71,7 @@ def _gpu(roots: Roots, index: int, minor: int, uuid: str, bus_id: str, **extra: 
 
 
 def _from_nvml(roots: Roots, library: str) -> tuple[str, str, list[Gpu]]:
-    from . import nvml
+    from gpuhook.discover import nvml
 
     report = nvml.query(library)
     gpus = []

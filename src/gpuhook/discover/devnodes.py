@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import stat
 
-from .inventory import DeviceNode
-from .roots import join
+from gpuhook.discover.roots import join
+from gpuhook.model.inventory import DeviceNode
 
 
 def node(dev_root: str, canonical: str) -> DeviceNode | None:

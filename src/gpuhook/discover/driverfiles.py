@@ -10,11 +10,11 @@ import os
 import posixpath
 import stat
 
-from .. import _native
-from .. import driverfiles as catalogue
-from ..errors import DiscoveryError
-from .inventory import DriverFile
-from .roots import join, resolve_in_root
+from gpuhook import _native
+from gpuhook.discover.roots import join, resolve_in_root
+from gpuhook.errors import DiscoveryError
+from gpuhook.model import catalogue
+from gpuhook.model.inventory import DriverFile
 
 LIB64_SCAN_DIRS: tuple[str, ...] = (catalogue.LIB_DIR, "/usr/lib64", "/lib64", "/usr/lib", "/lib/x86_64-linux-gnu")
 LIB32_SCAN_DIRS: tuple[str, ...] = (catalogue.LIB32_DIR, "/usr/lib32", "/lib32", "/usr/lib/i386-linux-gnu")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from .roots import Roots, join
+from gpuhook.discover.roots import Roots, join
 
 try:
     from _sha256 import sha256  # CPython <= 3.11

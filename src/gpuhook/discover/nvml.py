@@ -14,8 +14,8 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import DiscoveryError
-from .inventory import normalize_bus_id
+from gpuhook.errors import DiscoveryError
+from gpuhook.model.inventory import normalize_bus_id
 
 _lock = threading.Lock()
 LOCK_TIMEOUT_S = 30.0

@@ -9,7 +9,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from ..errors import DiscoveryError
+from gpuhook.errors import DiscoveryError
 
 NVIDIA_PROC = "driver/nvidia"
 _VERSION_RE = re.compile(r"Kernel Module\s+(?:for\s+\S+\s+)?(\d+\.\d+(?:\.\d+)?)")

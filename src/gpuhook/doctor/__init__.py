@@ -9,6 +9,6 @@ A problem carries the one command (or, where there is none, the one action) that
 
 from __future__ import annotations
 
-from .model import Finding, Report
+from gpuhook.doctor.model import Finding, Report
 
 __all__ = ["Finding", "Report"]

@@ -10,14 +10,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import driverfiles as catalogue
-from .. import require
-from ..config import Config
-from ..discover.inventory import Gpu, Inventory, MigDevice
-from ..edits import plan
-from ..errors import RequestError, RequirementError
-from ..report import edits_to_dict, format_edits
-from ..request import (
+from gpuhook.doctor.model import INFO, OK, PROBLEM, Finding
+from gpuhook.errors import RequestError, RequirementError
+from gpuhook.hook.config import Config
+from gpuhook.model import catalogue
+from gpuhook.model import requirements as require
+from gpuhook.model.edits import plan
+from gpuhook.model.inventory import Gpu, Inventory, MigDevice
+from gpuhook.model.report import edits_to_dict, format_edits
+from gpuhook.model.request import (
     CDI_ANNOTATION_PREFIX,
     DISABLE_REQUIRE,
     DRIVER_CAPABILITIES,
@@ -30,8 +31,7 @@ from ..request import (
     parse_request,
     requirement_keys,
 )
-from ..select import all_devices, find_device, resolve
-from .model import INFO, OK, PROBLEM, Finding
+from gpuhook.model.selection import all_devices, find_device, resolve
 
 NVIDIA_MAJOR = 195
 SHOWN_ENV = ("NVIDIA_", LEGACY_CUDA_VERSION)
@@ -50,7 +50,7 @@ class ContainerInput:
 
 
 def from_bundle(path: str) -> ContainerInput:
-    from ..oci.bundle import load_bundle
+    from gpuhook.oci.bundle import load_bundle
 
     bundle = load_bundle(path)
     linux = bundle.config.get("linux")

@@ -5,12 +5,12 @@ from __future__ import annotations
 import os
 import stat
 
-from ..discover import Inventory, Roots, discover, procfs
-from ..discover.devnodes import devices_major
-from ..discover.inventory import DeviceNode
-from ..discover.roots import join
-from ..errors import DiscoveryError
-from .model import INFO, OK, PROBLEM, WARN, Finding
+from gpuhook.discover import Inventory, Roots, discover, procfs
+from gpuhook.discover.devnodes import devices_major
+from gpuhook.discover.roots import join
+from gpuhook.doctor.model import INFO, OK, PROBLEM, WARN, Finding
+from gpuhook.errors import DiscoveryError
+from gpuhook.model.inventory import DeviceNode
 
 NVIDIA_MAJOR = 195
 CTL_MINOR = 255

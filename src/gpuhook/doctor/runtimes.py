@@ -19,14 +19,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..cdi import version as cdi_version
-from ..cdi.registry import DEFAULT_SPEC_DIRS
-from ..shim import has_gpuhook_hook
-from .model import INFO, OK, PROBLEM, WARN, Finding
-from .specs import SpecStatus
+from gpuhook.cdi import version as cdi_version
+from gpuhook.cdi.registry import DEFAULT_SPEC_DIRS
+from gpuhook.doctor.model import INFO, OK, PROBLEM, WARN, Finding
+from gpuhook.doctor.specs import SpecStatus
+from gpuhook.shim.runtime import has_gpuhook_hook
 
 try:  # another front door's constants, when it is there (it is optional for doctor)
-    from ..runtimeconfig import runtimes as _rc
+    from gpuhook.runtimeconfig import runtimes as _rc
 
     CONTAINERD_CONFIG: str = _rc.CONTAINERD_CONFIG
     CRIO_CONFIG: str = _rc.CRIO_CONFIG

@@ -15,16 +15,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..cdi import codec
-from ..cdi.errors import CdiError
-from ..cdi.names import DEFAULT_NAME_STRATEGIES
-from ..cdi.registry import Registry, scan, spec_files
-from ..cdi.spec import ALL_DEVICE, default_devices
-from ..discover.inventory import Gpu, Inventory, MigDevice
-from ..edits import ALL_CAPABILITIES, common_edits, device_edits, merge_all
-from ..request import CDI_KIND
-from ..select import find_device
-from .model import INFO, OK, PROBLEM, WARN, Finding
+from gpuhook.cdi import codec
+from gpuhook.cdi.errors import CdiError
+from gpuhook.cdi.names import DEFAULT_NAME_STRATEGIES
+from gpuhook.cdi.registry import Registry, scan, spec_files
+from gpuhook.cdi.spec import ALL_DEVICE, default_devices
+from gpuhook.doctor.model import INFO, OK, PROBLEM, WARN, Finding
+from gpuhook.model.edits import ALL_CAPABILITIES, common_edits, device_edits, merge_all
+from gpuhook.model.inventory import Gpu, Inventory, MigDevice
+from gpuhook.model.request import CDI_KIND
+from gpuhook.model.selection import find_device
 
 _LIB_VERSION = re.compile(r"/lib[^/]*\.so\.(\d+\.\d+(?:\.\d+)?)$")
 _FIRMWARE_VERSION = re.compile(r"/firmware/nvidia/(\d+\.\d+(?:\.\d+)?)/")
@@ -212,7 +212,7 @@ def _files(folder: str) -> list[str]:
 
 def validate_file_quiet(path: str) -> list[str]:
     """validate_file, each problem without the leading path (the finding names the file once)."""
-    from ..cdi.validate import validate_file
+    from gpuhook.cdi.validate import validate_file
 
     try:
         return [line.removeprefix(f"{path}: ") for line in validate_file(path)]

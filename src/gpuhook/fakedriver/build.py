@@ -13,7 +13,6 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from gpuhook import driverfiles
 from gpuhook.fakedriver import procfs
 from gpuhook.fakedriver.compile import Artifact, c_string, ensure_built, gcc_supports_m32, link_nvml
 from gpuhook.fakedriver.model import (
@@ -41,11 +40,12 @@ from gpuhook.fakedriver.model import (
     validate,
 )
 from gpuhook.fakedriver.nvmltable import table_source
+from gpuhook.model import catalogue
 
 PERSISTENCED_SOCKET = "/var/run/nvidia-persistenced/socket"
 FIRMWARE_FILES = ("gsp_ga10x.bin", "gsp_tu10x.bin")
 EGL_PLATFORM_DIR = "/usr/share/egl/egl_external_platform.d"
-_LIB_DIRS = {64: driverfiles.LIB_DIR, 32: driverfiles.LIB32_DIR}
+_LIB_DIRS = {64: catalogue.LIB_DIR, 32: catalogue.LIB32_DIR}
 _MULTIARCH = {64: "x86_64-linux-gnu", 32: "i386-linux-gnu"}
 # DT_NEEDED between driver libraries, as the real ones link (same capability, so never split up).
 _LIB_DEPS: dict[str, tuple[str, ...]] = {
@@ -112,12 +112,12 @@ def _describe(
         cuda_version=cuda_version,
         gpus=gpus,
         compat32=compat32,
-        libraries=tuple(_library(spec, driver_version, b) for b in bits for spec in driverfiles.LIBRARIES),
+        libraries=tuple(_library(spec, driver_version, b) for b in bits for spec in catalogue.LIBRARIES),
         dev_links=tuple(
-            (f"{_LIB_DIRS[b]}/{link}", target) for b in bits for link, target in driverfiles.DEV_LINKS.items()
+            (f"{_LIB_DIRS[b]}/{link}", target) for b in bits for link, target in catalogue.DEV_LINKS.items()
         ),
-        binaries=tuple(f"/usr/bin/{b.name}" for b in driverfiles.BINARIES),
-        firmware=tuple(f"{driverfiles.FIRMWARE_DIR}/{driver_version}/{name}" for name in FIRMWARE_FILES),
+        binaries=tuple(f"/usr/bin/{b.name}" for b in catalogue.BINARIES),
+        firmware=tuple(f"{catalogue.FIRMWARE_DIR}/{driver_version}/{name}" for name in FIRMWARE_FILES),
         configs=tuple(_configs(driver_version)),
         ipc=(PERSISTENCED_SOCKET,),
         nodes=_nodes(gpus),
@@ -126,7 +126,7 @@ def _describe(
     )
 
 
-def _library(spec: driverfiles.LibrarySpec, version: str, bits: int) -> FakeLibrary:
+def _library(spec: catalogue.LibrarySpec, version: str, bits: int) -> FakeLibrary:
     directory = _LIB_DIRS[bits] + (f"/{spec.subdir}" if spec.subdir else "")
     return FakeLibrary(spec.name, spec.capability, f"{directory}/{spec.file_name(version)}", spec.soname(version), bits)
 
@@ -134,10 +134,10 @@ def _library(spec: driverfiles.LibrarySpec, version: str, bits: int) -> FakeLibr
 def _nodes(gpus: tuple[FakeGpu, ...]) -> tuple[FakeNode, ...]:
     nodes = [FakeNode(g.node_path, NVIDIA_MAJOR, g.minor) for g in gpus]
     nodes += [
-        FakeNode(f"/dev/{driverfiles.CTL_NODE}", NVIDIA_MAJOR, CTL_MINOR),
-        FakeNode(f"/dev/{driverfiles.MODESET_NODE}", NVIDIA_MAJOR, MODESET_MINOR),
-        FakeNode(f"/dev/{driverfiles.UVM_NODES[0]}", UVM_MAJOR, 0),
-        FakeNode(f"/dev/{driverfiles.UVM_NODES[1]}", UVM_MAJOR, 1),
+        FakeNode(f"/dev/{catalogue.CTL_NODE}", NVIDIA_MAJOR, CTL_MINOR),
+        FakeNode(f"/dev/{catalogue.MODESET_NODE}", NVIDIA_MAJOR, MODESET_MINOR),
+        FakeNode(f"/dev/{catalogue.UVM_NODES[0]}", UVM_MAJOR, 0),
+        FakeNode(f"/dev/{catalogue.UVM_NODES[1]}", UVM_MAJOR, 1),
         FakeNode("/dev/dri/card0", DRI_MAJOR, 0, 0o660),  # the BMC's VGA, not an NVIDIA GPU
     ]
     for g in gpus:
@@ -147,7 +147,7 @@ def _nodes(gpus: tuple[FakeGpu, ...]) -> tuple[FakeNode, ...]:
         ]
     migs = [m for g in gpus for m in g.mig_devices]
     if any(g.mig_enabled for g in gpus):
-        caps = f"/dev/{driverfiles.CAPS_DIR}/nvidia-cap"
+        caps = f"/dev/{catalogue.CAPS_DIR}/nvidia-cap"
         nodes += [
             FakeNode(f"{caps}{MIG_CONFIG_MINOR}", CAPS_MAJOR, MIG_CONFIG_MINOR, MIG_CONFIG_MODE),
             FakeNode(f"{caps}{MIG_MONITOR_MINOR}", CAPS_MAJOR, MIG_MONITOR_MINOR, CAP_MODE),
@@ -220,7 +220,7 @@ def _artifacts(fake: FakeDriver) -> dict[str, Artifact]:
     result: dict[str, Artifact] = {}
     version = fake.driver_version
     for bits in _bits(fake):
-        stubs = {spec.name: _stub(spec, version, bits) for spec in driverfiles.LIBRARIES}
+        stubs = {spec.name: _stub(spec, version, bits) for spec in catalogue.LIBRARIES}
         for lib in fake.libraries:
             if lib.bits != bits or lib.name == "libnvidia-ml":
                 continue
@@ -236,7 +236,7 @@ def _artifacts(fake: FakeDriver) -> dict[str, Artifact]:
     return result
 
 
-def _stub(spec: driverfiles.LibrarySpec, version: str, bits: int) -> Artifact:
+def _stub(spec: catalogue.LibrarySpec, version: str, bits: int) -> Artifact:
     defines = (("FAKE_LIBRARY", c_string(f"{spec.name} {version}")),)
     return Artifact("stub", spec.file_name(version), bits, spec.soname(version), defines)
 

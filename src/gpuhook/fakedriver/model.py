@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpuhook import driverfiles
+from gpuhook.model import catalogue
 
 DEFAULT_DRIVER_VERSION = "550.54.15"
 DEFAULT_CUDA_VERSION = "12.4"
@@ -31,10 +31,10 @@ PCI_DEVICE_ID = 0x233010DE
 PCI_SUBSYSTEM_ID = 0x16C110DE
 VBIOS_VERSION = "96.00.74.00.01"
 
-NVIDIA_MAJOR = driverfiles.NVIDIA_MAJOR
+NVIDIA_MAJOR = catalogue.NVIDIA_MAJOR
 UVM_MAJOR = 508
 CAPS_MAJOR = 237
-DRI_MAJOR = driverfiles.DRI_MAJOR
+DRI_MAJOR = catalogue.DRI_MAJOR
 CTL_MINOR = 255
 MODESET_MINOR = 254
 MIG_CONFIG_MINOR = 1

@@ -11,11 +11,11 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from .. import _native
-from ..edits import ContainerEdits
-from ..errors import InjectionError
-from . import ldcache, mounts
-from .rootfs import RootFS
+from gpuhook import _native
+from gpuhook.errors import InjectionError
+from gpuhook.inject import ldcache, mounts
+from gpuhook.inject.rootfs import RootFS
+from gpuhook.model.edits import ContainerEdits
 
 
 def _params_without_modify(host_params: str) -> bytes:

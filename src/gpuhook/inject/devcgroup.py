@@ -297,7 +297,7 @@ def check_relocatable(insns: bytes) -> None:
 def allow_v2(directory: str, rules: Sequence[DeviceRule]) -> None:
     """Rebuild every BPF_CGROUP_DEVICE program attached to the cgroup `directory` with an allow prefix for
     `rules`, replacing each in place. With no program attached there is no filter and nothing to do."""
-    from .. import _native as nat
+    from gpuhook import _native as nat
 
     cgroup_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:

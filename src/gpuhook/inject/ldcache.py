@@ -17,9 +17,9 @@ import re
 import signal
 import stat
 
-from .. import _native
-from ..errors import InjectionError
-from .rootfs import RootFS
+from gpuhook import _native
+from gpuhook.errors import InjectionError
+from gpuhook.inject.rootfs import RootFS
 
 CONF_FILE = "/etc/ld.so.conf.d/00-gpuhook.conf"
 TRUSTED_DIRS = frozenset({"/lib", "/usr/lib", "/lib64", "/usr/lib64"})

@@ -10,9 +10,9 @@ from __future__ import annotations
 import os
 import stat
 
-from .. import _native
-from ..errors import InjectionError
-from .rootfs import RootFS
+from gpuhook import _native
+from gpuhook.errors import InjectionError
+from gpuhook.inject.rootfs import RootFS
 
 MOVE_MOUNT_T_EMPTY_PATH = getattr(_native, "MOVE_MOUNT_T_EMPTY_PATH", 0x40)
 _OPTION_FLAGS = {

@@ -14,8 +14,8 @@ import os
 import posixpath
 import stat
 
-from .. import _native
-from ..errors import InjectionError
+from gpuhook import _native
+from gpuhook.errors import InjectionError
 
 RESOLVE = _native.RESOLVE_IN_ROOT | _native.RESOLVE_NO_MAGICLINKS
 O_PATH = os.O_PATH

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ..contract import VISIBLE_DEVICES, VOLUME_MOUNT_DIR
-from . import api_pb2 as pb
-from .devices import PluginDevice, annotation_key
+from gpuhook.model.contract import VISIBLE_DEVICES, VOLUME_MOUNT_DIR
+from gpuhook.plugin import api_pb2 as pb
+from gpuhook.plugin.devices import PluginDevice, annotation_key
 
 
 class AllocationError(ValueError):

@@ -12,11 +12,11 @@ import posixpath
 from collections.abc import Sequence
 from typing import Any
 
-from ..cdi.codec import dumps
-from ..cdi.spec import build_spec
-from ..discover.inventory import Inventory
-from ..errors import ConfigError
-from .devices import CDI_KIND, Resource, Target, advertised_targets
+from gpuhook.cdi.codec import dumps
+from gpuhook.cdi.spec import build_spec
+from gpuhook.errors import ConfigError
+from gpuhook.model.inventory import Inventory
+from gpuhook.plugin.devices import CDI_KIND, Resource, Target, advertised_targets
 
 SPEC_FILE = "nvidia.com-gpu.yaml"
 NAME_STRATEGIES = ("index", "uuid")
@@ -62,7 +62,7 @@ def check_names(spec: dict[str, Any], resources: Sequence[Resource]) -> None:
 def write(inv: Inventory, resources: Sequence[Resource], spec_dir: str, hook_path: str,
           host_driver_root: str | None = None) -> str:
     """Build, check and atomically write `<spec_dir>/nvidia.com-gpu.yaml`; returns its path."""
-    from ..atomic import write_atomic
+    from gpuhook.fileio.atomic import write_atomic
 
     targets = advertised_targets(resources)
     if not targets:

@@ -11,10 +11,10 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from ..contract import CDI_ANNOTATION_PREFIX as ANNOTATION_PREFIX
-from ..contract import CDI_KIND
-from ..discover.inventory import Gpu, Inventory, MigDevice
-from ..errors import ConfigError
+from gpuhook.errors import ConfigError
+from gpuhook.model.contract import CDI_ANNOTATION_PREFIX as ANNOTATION_PREFIX
+from gpuhook.model.contract import CDI_KIND
+from gpuhook.model.inventory import Gpu, Inventory, MigDevice
 
 ID_STRATEGIES = ("uuid", "index")
 MIG_STRATEGIES = ("none", "single", "mixed")

@@ -17,10 +17,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..discover.inventory import Gpu, Inventory, MigDevice
-from ..errors import DiscoveryError
-from .devices import PluginDevice
-from .state import HealthBoard, Key
+from gpuhook.errors import DiscoveryError
+from gpuhook.model.inventory import Gpu, Inventory, MigDevice
+from gpuhook.plugin.devices import PluginDevice
+from gpuhook.plugin.state import HealthBoard, Key
 
 log = logging.getLogger("gpuhook.plugin.health")
 
@@ -120,7 +120,7 @@ class HealthMonitor:
             if self.library is None:
                 log.warning("health: no NVML library; XID events and lost-GPU checks are off, node checks on")
             else:
-                from ..discover.nvml import bound_nvml
+                from gpuhook.discover.nvml import bound_nvml
 
                 try:
                     with bound_nvml(self.library) as nv:

@@ -18,14 +18,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import FrameType
 
-from ..discover.inventory import Inventory
-from . import cdispec, topology
-from .devices import Options, Resource, plan
-from .health import HealthConfig, HealthMonitor
-from .registration import KUBELET_SOCKET, Registrar
-from .server import DevicePluginService, Endpoint
-from .state import HealthBoard
-from .watch import DirWatcher
+from gpuhook.model.inventory import Inventory
+from gpuhook.plugin import cdispec, topology
+from gpuhook.plugin.devices import Options, Resource, plan
+from gpuhook.plugin.health import HealthConfig, HealthMonitor
+from gpuhook.plugin.registration import KUBELET_SOCKET, Registrar
+from gpuhook.plugin.server import DevicePluginService, Endpoint
+from gpuhook.plugin.state import HealthBoard
+from gpuhook.plugin.watch import DirWatcher
 
 log = logging.getLogger("gpuhook.plugin")
 
@@ -84,7 +84,7 @@ class Plugin:
         inv = self.load_inventory()
         resources = plan(inv, self.config.options)
         if not resources:
-            from ..errors import ConfigError
+            from gpuhook.errors import ConfigError
 
             raise ConfigError(f"no device to advertise (driver root {inv.driver_root}, "
                               f"MIG strategy {self.config.options.mig_strategy})")
@@ -96,7 +96,7 @@ class Plugin:
         devices = [d for r in resources for d in r.devices]
         library = self.config.nvml_library
         if library is None and self.config.health.enabled:
-            from ..discover import nvml_library
+            from gpuhook.discover import nvml_library
 
             library = nvml_library(inv.driver_root)
         self.monitor = HealthMonitor(inv, devices, self.board, self.config.health, library)

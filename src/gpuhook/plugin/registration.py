@@ -13,8 +13,8 @@ import time
 
 import grpc
 
-from . import api_pb2 as pb
-from . import api_pb2_grpc as pb_grpc
+from gpuhook.plugin import api_pb2 as pb
+from gpuhook.plugin import api_pb2_grpc as pb_grpc
 
 log = logging.getLogger("gpuhook.plugin.registration")
 

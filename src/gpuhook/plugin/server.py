@@ -16,12 +16,12 @@ from concurrent import futures
 
 import grpc
 
-from . import api_pb2 as pb
-from . import api_pb2_grpc as pb_grpc
-from .allocate import AllocationError, allocate
-from .devices import Resource
-from .state import HealthBoard
-from .topology import Chooser, Place
+from gpuhook.plugin import api_pb2 as pb
+from gpuhook.plugin import api_pb2_grpc as pb_grpc
+from gpuhook.plugin.allocate import AllocationError, allocate
+from gpuhook.plugin.devices import Resource
+from gpuhook.plugin.state import HealthBoard
+from gpuhook.plugin.topology import Chooser, Place
 
 log = logging.getLogger("gpuhook.plugin.server")
 

@@ -12,8 +12,8 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from ..discover.inventory import Inventory
-from .devices import PluginDevice
+from gpuhook.model.inventory import Inventory
+from gpuhook.plugin.devices import PluginDevice
 
 log = logging.getLogger("gpuhook.plugin.topology")
 

@@ -13,7 +13,7 @@ import logging
 import os
 import select
 
-from ..inotify import (
+from gpuhook.fileio.inotify import (
     IN_CREATE,
     IN_DELETE,
     IN_DELETE_SELF,

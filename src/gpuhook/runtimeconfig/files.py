@@ -18,8 +18,8 @@ import tomlkit
 from tomlkit.exceptions import TOMLKitError
 from tomlkit.toml_document import TOMLDocument
 
-from ..atomic import write_atomic
-from ..errors import ConfigError
+from gpuhook.errors import ConfigError
+from gpuhook.fileio.atomic import write_atomic
 
 BACKUP_SUFFIX = ".gpuhook.bak"
 NEW_FILE_MODE = 0o644

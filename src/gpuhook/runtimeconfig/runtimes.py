@@ -25,10 +25,10 @@ from typing import Any
 import tomlkit
 from tomlkit.toml_document import TOMLDocument
 
-from ..errors import ConfigError
-from . import hookspec
-from .files import BACKUP_SUFFIX, FileChange, parse_json_object, parse_toml, read_text, target
-from .tomledit import add_items, check, dotted, ensure_table, lookup, set_value
+from gpuhook.errors import ConfigError
+from gpuhook.runtimeconfig import hookspec
+from gpuhook.runtimeconfig.files import BACKUP_SUFFIX, FileChange, parse_json_object, parse_toml, read_text, target
+from gpuhook.runtimeconfig.tomledit import add_items, check, dotted, ensure_table, lookup, set_value
 
 RUNTIMES = ("containerd", "crio", "docker", "podman")
 MODES = ("cdi", "hook")

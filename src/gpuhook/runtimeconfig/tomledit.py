@@ -15,7 +15,7 @@ from typing import Any
 import tomlkit
 from tomlkit.items import Item
 
-from ..errors import ConfigError, GpuhookError
+from gpuhook.errors import ConfigError, GpuhookError
 
 Table = MutableMapping[str, Any]
 

@@ -10,7 +10,7 @@ import contextlib
 import errno as errno_mod
 import os
 
-from .errors import GpuhookError
+from gpuhook.errors import GpuhookError
 
 
 class WriteError(GpuhookError):

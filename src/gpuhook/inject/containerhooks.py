@@ -22,13 +22,8 @@ def parse_link(value: str) -> tuple[str, str] | None:
 
 
 def container_rootfs(state_text: bytes) -> str:
-    """The starting container's rootfs from the OCI state (plain JSON first, oci.bundle for anything unusual)."""
-    from ..hook import rootfs_quick
-
-    rootfs = rootfs_quick(state_text)
-    if rootfs is not None:
-        return rootfs
-    from ..oci.bundle import load_bundle, parse_state
+    """The starting container's rootfs from the OCI state, through oci.bundle (the one parser of both inputs)."""
+    from gpuhook.oci.bundle import load_bundle, parse_state
 
     return load_bundle(parse_state(state_text).bundle).rootfs
 
@@ -37,11 +32,11 @@ def update_container(rootfs_path: str, links: Iterable[tuple[str, str]], folders
                      ldconfig_path: str = DEFAULT_LDCONFIG) -> None:
     """Create the links (an existing file or directory at a link is left alone), then, if `folders`, register
     them and rebuild the ld cache with the host's ldconfig. One rootfs descriptor for both steps."""
-    from ..inject.rootfs import RootFS
+    from gpuhook.inject.rootfs import RootFS
 
     fd = -1
     if folders:
-        from ..inject.ldcache import open_ldconfig
+        from gpuhook.inject.ldcache import open_ldconfig
 
         fd = open_ldconfig(ldconfig_path)
     try:
@@ -49,7 +44,7 @@ def update_container(rootfs_path: str, links: Iterable[tuple[str, str]], folders
             for target, link in links:
                 rootfs.symlink(target, link)
             if folders:
-                from ..inject.ldcache import update_ldcache
+                from gpuhook.inject.ldcache import update_ldcache
 
                 update_ldcache(rootfs, folders, fd)
     finally:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import click
 
-from .hook import STAGES, main
+from gpuhook.hook.prestart import STAGES, main
 
 CONFIG_HELP = "Config file [default: /etc/gpuhook/config.toml]."
 
@@ -50,7 +50,7 @@ def install(path: str) -> None:
     it answers both `[--config FILE] [prestart|createRuntime]` and the CDI spec's `cdi-hook …` calls. Run it
     again after moving or reinstalling gpuhook: the script records where the package is.
     """
-    from .hook_entry import install as write_entry
+    from gpuhook.cli.entry import install as write_entry
 
     written = write_entry(path)
     click.echo(f"gpuhook: wrote {written}")

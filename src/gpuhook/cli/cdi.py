@@ -11,14 +11,18 @@ import sys
 
 import click
 
-from ..cli import load_inventory, root_options
-from .errors import CdiError
-from .names import DEFAULT_NAME_STRATEGIES, NAME_STRATEGIES
+from gpuhook.cdi.errors import CdiError
+from gpuhook.cdi.names import DEFAULT_NAME_STRATEGIES, NAME_STRATEGIES
+from gpuhook.cli.app import load_inventory, root_options
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from gpuhook.model.inventory import Inventory
 
 
 def default_hook_path() -> str:
     """The installed `gpuhook` the spec's hooks call (see installed.py); absolute."""
-    from ..installed import gpuhook_executable
+    from gpuhook.discover.executables import gpuhook_executable
 
     found = gpuhook_executable()
     if found is None:
@@ -49,13 +53,13 @@ def generate_cdi(driver_root: str, dev_root: str | None, proc_root: str | None, 
                  output: str | None, fmt: str | None, vendor: str, cls: str, strategies: tuple[str, ...],
                  hook_path: str | None, cdi_version: str | None, watch: bool, poll_interval: float) -> None:
     """Write a CDI spec for every GPU and MIG device the driver offers (plus `all`)."""
-    from . import codec
-    from .spec import build_spec
-    from .validate import validate_spec
+    from gpuhook.cdi import codec
+    from gpuhook.cdi.spec import build_spec
+    from gpuhook.cdi.validate import validate_spec
 
     hook = os.path.abspath(hook_path) if hook_path else default_hook_path()
 
-    def render(inv, devices=None) -> str:  # type: ignore[no-untyped-def]
+    def render(inv: Inventory, devices: list[str] | None = None) -> str:
         spec = build_spec(inv, vendor=vendor, cls=cls, name_strategies=strategies or DEFAULT_NAME_STRATEGIES,
                           hook_path=hook, devices=devices, cdi_version=cdi_version)
         problems = validate_spec(spec, "generated spec", schema=False)
@@ -66,8 +70,8 @@ def generate_cdi(driver_root: str, dev_root: str | None, proc_root: str | None, 
     if watch:
         if output is None:
             raise click.UsageError("--watch needs --output FILE")
-        from ..discover import Roots
-        from ..watch import watch_spec
+        from gpuhook.cdi.watch import watch_spec
+        from gpuhook.discover import Roots
 
         roots = Roots.make(driver_root, dev_root, proc_root)
         raise SystemExit(watch_spec(roots, output, render, method=discovery, poll_interval=poll_interval))
@@ -75,7 +79,7 @@ def generate_cdi(driver_root: str, dev_root: str | None, proc_root: str | None, 
     if output is None:
         click.echo(text, nl=False)
         return
-    from ..atomic import write_atomic
+    from gpuhook.fileio.atomic import write_atomic
 
     write_atomic(output, text.encode(), 0o644)
     if not codec.has_spec_extension(output):
@@ -92,7 +96,7 @@ def cdi() -> None:
 @click.argument("files", nargs=-1, required=True, metavar="FILE...")
 def validate_cmd(files: tuple[str, ...]) -> None:
     """Check specs against the CDI schema and the loader's rules; one line per problem (stdout), exit 1 if any."""
-    from .validate import validate_file
+    from gpuhook.cdi.validate import validate_file
 
     count = bad_files = 0
     for path in files:
@@ -112,7 +116,7 @@ def validate_cmd(files: tuple[str, ...]) -> None:
               help="Spec directory, lowest priority first; repeatable [default: /etc/cdi /var/run/cdi].")
 def list_cmd(spec_dirs: tuple[str, ...]) -> None:
     """Qualified device names a runtime resolves; conflicts and broken specs on stderr (then exit 1)."""
-    from .registry import DEFAULT_SPEC_DIRS, scan
+    from gpuhook.cdi.registry import DEFAULT_SPEC_DIRS, scan
 
     reg = scan(spec_dirs or DEFAULT_SPEC_DIRS)
     for name in reg.names():
@@ -132,7 +136,7 @@ def cdi_hook() -> None:
 
 
 def _parse_link(_ctx: click.Context, _param: click.Parameter, values: tuple[str, ...]) -> list[tuple[str, str]]:
-    from .containerhooks import parse_link
+    from gpuhook.inject.containerhooks import parse_link
 
     links = []
     for value in values:
@@ -159,7 +163,7 @@ _LDCONFIG_OPTION = click.option("--ldconfig-path", default="/sbin/ldconfig", sho
 
 
 def _run(links: list[tuple[str, str]], folders: list[str], ldconfig_path: str) -> None:
-    from .containerhooks import container_rootfs, update_container
+    from gpuhook.inject.containerhooks import container_rootfs, update_container
 
     update_container(container_rootfs(sys.stdin.buffer.read()), links, folders, ldconfig_path)
 

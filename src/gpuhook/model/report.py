@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from .discover.inventory import DeviceNode, Inventory
-from .edits import ContainerEdits
+from gpuhook.model.edits import ContainerEdits
+from gpuhook.model.inventory import DeviceNode, Inventory
 
 
 def _node(n: DeviceNode) -> str:

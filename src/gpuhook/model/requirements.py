@@ -8,8 +8,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .discover.inventory import Gpu, Inventory, MigDevice
-from .errors import RequestError, RequirementError
+from gpuhook.errors import RequestError, RequirementError
+from gpuhook.model.inventory import Gpu, Inventory, MigDevice
 
 KEYS = ("cuda", "driver", "arch", "brand")
 _COND_RE = re.compile(r"^([a-z]+)(<=|>=|=|<|>)(.+)$")

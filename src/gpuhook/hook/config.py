@@ -10,18 +10,18 @@ from __future__ import annotations
 
 import os
 
-from .errors import ConfigError
+from gpuhook.errors import ConfigError
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
     from typing import Any
 
-    from .request import Policy
+    from gpuhook.model.request import Policy
 
 DEFAULT_PATH = "/etc/gpuhook/config.toml"
 
 # attribute -> (type, default). `supported_capabilities` None = every capability gpuhook knows
-# (driverfiles.CAPABILITIES), resolved on first use so that reading the config never imports the catalogue.
+# (catalogue.CAPABILITIES), resolved on first use so that reading the config never imports the catalogue.
 _FIELDS: dict[str, tuple[type, Any]] = {
     "driver_root": (str, "/"),
     "dev_root": (str, ""),  # empty: same as driver root
@@ -66,7 +66,7 @@ class Config:
     @property
     def supported_capabilities(self) -> tuple[str, ...]:
         if self._supported_capabilities is None:
-            from . import driverfiles as catalogue
+            from gpuhook.model import catalogue
 
             return catalogue.CAPABILITIES
         return self._supported_capabilities
@@ -88,7 +88,7 @@ class Config:
 
     @property
     def policy(self) -> Policy:
-        from .request import Policy
+        from gpuhook.model.request import Policy
 
         return Policy(
             accept_envvar_unprivileged=self.accept_envvar_unprivileged,
@@ -113,7 +113,7 @@ def _convert(path: str, key: str, value: object) -> object:
         return value
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise ConfigError(f"{path}: {key} must be a list of strings, not {value!r}")
-    from . import driverfiles as catalogue
+    from gpuhook.model import catalogue
 
     unknown = [v for v in value if v not in catalogue.CAPABILITIES]
     if unknown:

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .hook import append_log
+from gpuhook.hook.log import append_log
 
 RUNTIME_ENV = "GPUHOOK_RUNTIME"
 CONFIG_ENV = "GPUHOOK_CONFIG"
@@ -123,7 +123,7 @@ def apply_edits(config: dict[str, Any], edits: Any, hook_path: str) -> dict[str,
 
     Idempotent: a node, rule, mount, env key or hook already present is not added twice (a retried create).
     """
-    from .cdi.spec import NODE_PERMISSIONS, render_hooks
+    from gpuhook.cdi.spec import NODE_PERMISSIONS, render_hooks
 
     linux = _object(config, "linux")
     devices = _list(linux, "devices")
@@ -160,7 +160,7 @@ def apply_edits(config: dict[str, Any], edits: Any, hook_path: str) -> dict[str,
 
 def gpuhook_executable() -> str:
     """The installed `gpuhook` the createContainer hooks run (installed.py)."""
-    from .installed import gpuhook_executable as installed
+    from gpuhook.discover.executables import gpuhook_executable as installed
 
     found = installed()
     if found is None:
@@ -194,10 +194,10 @@ def prepare(inv: Invocation, config_path: str | None) -> tuple[str, str]:
 
     Returns (log file, log line). Everything is checked before the one atomic write, so a failure changes nothing.
     """
-    from .config import load_config
-    from .oci.bundle import load_bundle
-    from .planfor import plan_request
-    from .request import is_privileged, parse_request
+    from gpuhook.hook.config import load_config
+    from gpuhook.hook.plan import plan_request
+    from gpuhook.model.request import is_privileged, parse_request
+    from gpuhook.oci.bundle import load_bundle
 
     config = load_config(config_path)
     bundle = load_bundle(inv.bundle)
@@ -211,7 +211,7 @@ def prepare(inv: Invocation, config_path: str | None) -> tuple[str, str]:
     planned = plan_request(config, request)
     path = os.path.join(inv.bundle, "config.json")
     new = apply_edits(bundle.config, planned.edits, gpuhook_executable())
-    from .atomic import write_atomic
+    from gpuhook.fileio.atomic import write_atomic
 
     write_atomic(path, (json.dumps(new, indent=2) + "\n").encode(), os.stat(path).st_mode & 0o7777)
     return config.log_file, f"{inv.container_id} runtime inject {planned.summary()}{notes}"
@@ -219,7 +219,7 @@ def prepare(inv: Invocation, config_path: str | None) -> tuple[str, str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Prepare a create/run, then exec the real runtime with the original arguments; 1 (and no exec) on error."""
-    from .errors import GpuhookError
+    from gpuhook.errors import GpuhookError
 
     args = list(sys.argv[1:] if argv is None else argv)
     config_path = os.environ.get(CONFIG_ENV) or None

@@ -10,8 +10,9 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from . import driverfiles as catalogue
-from .contract import (  # noqa: F401 - re-exported: the contract's names as the parser's
+from gpuhook.errors import RequestError
+from gpuhook.model import catalogue
+from gpuhook.model.contract import (  # noqa: F401 - re-exported: the contract's names as the parser's
     CDI_ANNOTATION_PREFIX,
     CDI_KIND,
     DISABLE_REQUIRE,
@@ -23,7 +24,6 @@ from .contract import (  # noqa: F401 - re-exported: the contract's names as the
     VISIBLE_DEVICES,
     VOLUME_MOUNT_DIR,
 )
-from .errors import RequestError
 
 SPECIAL_WORDS = ("all", "none", "void")
 JETPACK_REQUIREMENT = f"{REQUIRE_PREFIX}JETPACK"  # a Jetson board requirement, not a driver constraint

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from .files import apply, unified_diff
-from .runtimes import MODES, RUNTIMES, Options, Plan, plan
+from gpuhook.runtimeconfig.files import apply, unified_diff
+from gpuhook.runtimeconfig.runtimes import MODES, RUNTIMES, Options, Plan, plan
 
 
 @click.group()

@@ -7,11 +7,14 @@ The CDI generator renders them per device plus a common part; the hook merges th
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
-from . import driverfiles as catalogue
-from .discover.inventory import DeviceNode, DriverFile, Gpu, Inventory, MigDevice
+from gpuhook.model import catalogue
+from gpuhook.model.inventory import DeviceNode, DriverFile, Gpu, Inventory, MigDevice
+
+_T = TypeVar("_T")
 
 FILE_OPTIONS: tuple[str, ...] = ("ro", "nosuid", "nodev", "rbind", "rprivate")
 SOCKET_OPTIONS: tuple[str, ...] = ("nosuid", "nodev", "noexec", "rbind", "rprivate")
@@ -65,9 +68,9 @@ class ContainerEdits:
         )
 
 
-def _unique(items: Iterable, key) -> list:  # type: ignore[no-untyped-def]
-    seen: set = set()
-    out = []
+def _unique(items: Iterable[_T], key: Callable[[_T], Hashable]) -> list[_T]:
+    seen: set[Hashable] = set()
+    out: list[_T] = []
     for item in items:
         k = key(item)
         if k not in seen:

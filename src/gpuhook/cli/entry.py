@@ -31,7 +31,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["cdi-hook"]:
         return cdi_hook(args[1:])
-    from .hook import main as hook_main
+    from gpuhook.hook.prestart import main as hook_main
 
     return hook_main(args)
 
@@ -62,7 +62,7 @@ def _options(args: Sequence[str], names: tuple[str, ...]) -> list[tuple[str, str
 
 def _hook_args(command: str, args: Sequence[str]) -> tuple[list[tuple[str, str]], list[str], str] | None:
     """(links, folders, ldconfig) for the cdi-hook sub-commands, None for anything click should answer."""
-    from .cdi.containerhooks import DEFAULT_LDCONFIG, parse_link
+    from gpuhook.inject.containerhooks import DEFAULT_LDCONFIG, parse_link
 
     allowed = {"create-symlinks": ("--link",), "update-ldcache": ("--folder", "--ldconfig-path"),
                "update-container": ("--link", "--folder", "--ldconfig-path")}.get(command)
@@ -82,11 +82,11 @@ def cdi_hook(args: Sequence[str]) -> int:
     command, rest = (args[0], args[1:]) if args else ("", [])
     parsed = _hook_args(command, rest)
     if parsed is None:
-        from .cli import main as cli_main
+        from gpuhook.cli.app import main as cli_main
 
         return cli_main(["cdi-hook", *args])
-    from .cdi.containerhooks import container_rootfs, update_container
-    from .errors import GpuhookError
+    from gpuhook.errors import GpuhookError
+    from gpuhook.inject.containerhooks import container_rootfs, update_container
 
     try:
         update_container(container_rootfs(sys.stdin.buffer.read()), *parsed)
@@ -106,8 +106,7 @@ def search_paths() -> list[str]:
     import importlib.util
 
     import gpuhook
-
-    from .errors import GpuhookError
+    from gpuhook.errors import GpuhookError
 
     package_parent = os.path.dirname(os.path.dirname(os.path.abspath(gpuhook.__file__ or "")))
     spec = importlib.util.find_spec("_cffi_backend")
@@ -119,7 +118,7 @@ def search_paths() -> list[str]:
 
 def entry_script(python: str, paths: Sequence[str]) -> str:
     """The text of the entry script: `python -IS`, `paths` appended to sys.path, hook_entry.main."""
-    from .errors import GpuhookError
+    from gpuhook.errors import GpuhookError
 
     shebang = f"#!{python} -IS"
     if not os.path.isabs(python) or any(c.isspace() for c in python):
@@ -132,7 +131,7 @@ def entry_script(python: str, paths: Sequence[str]) -> str:
         "# -IS: no site and no environment variables, so a container start pays only for what the hook imports.\n"
         "import sys\n"
         f"sys.path += {list(paths)!r}\n"
-        "from gpuhook.hook_entry import main\n"
+        "from gpuhook.cli.entry import main\n"
         "sys.exit(main())\n"
     )
 
@@ -141,9 +140,9 @@ def _check(python: str, paths: Sequence[str]) -> None:
     """Import the hook's modules the way the script will (-IS, only `paths`), before anything is written."""
     import subprocess
 
-    from .errors import GpuhookError
+    from gpuhook.errors import GpuhookError
 
-    code = f"import sys; sys.path += {list(paths)!r}; import gpuhook.hook_entry, gpuhook.hook, gpuhook._native"
+    code = f"import sys; sys.path += {list(paths)!r}; import gpuhook.cli.entry, gpuhook.hook.prestart, gpuhook._native"
     result = subprocess.run([python, "-IS", "-c", code], stdin=subprocess.DEVNULL, capture_output=True, text=True,
                             check=False)  # fmt: skip
     if result.returncode != 0:
@@ -153,7 +152,7 @@ def _check(python: str, paths: Sequence[str]) -> None:
 
 def install(path: str = DEFAULT_PATH, python: str | None = None) -> str:
     """Write the entry script to `path` (atomically, mode 0755) for `python` (default: this interpreter)."""
-    from .atomic import write_atomic
+    from gpuhook.fileio.atomic import write_atomic
 
     python = python or sys.executable
     paths = search_paths()

@@ -6,8 +6,12 @@ import json
 
 import click
 
-from ..cdi.registry import DEFAULT_SPEC_DIRS
-from .model import INFO, OK, PROBLEM, SECTIONS, WARN, Finding, Report
+from gpuhook.cdi.registry import DEFAULT_SPEC_DIRS
+from gpuhook.doctor.model import INFO, OK, PROBLEM, SECTIONS, WARN, Finding, Report
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from gpuhook.discover.roots import Roots
 
 TITLES = {"host": "host", "runtimes": "runtimes", "cdi": "CDI specs", "container": "container"}
 LABELS = {OK: "ok", INFO: "info", WARN: "WARN", PROBLEM: "PROBLEM"}
@@ -20,7 +24,7 @@ def _pairs(values: tuple[str, ...], what: str) -> list[str]:
     return list(values)
 
 
-def generate_flags(roots, discovery: str) -> str:  # type: ignore[no-untyped-def]
+def generate_flags(roots: Roots, discovery: str) -> str:
     """The root options a suggested `gpuhook generate-cdi` needs to see the same driver as this check."""
     flags = ""
     if roots.driver_root != "/":
@@ -83,11 +87,11 @@ def doctor(driver_root: str | None, dev_root: str | None, proc_root: str | None,
            device_mounts: tuple[str, ...], privileged: bool, spec_dirs: tuple[str, ...], runtimes: tuple[str, ...],
            as_json: bool) -> None:
     """Check the host, the runtimes and the CDI specs; explain what a container gets and why. Exit 1 on problems."""
-    from ..config import Config, load_config
-    from ..discover import Roots
-    from ..errors import GpuhookError
-    from . import container, host, specs
-    from . import runtimes as rt
+    from gpuhook.discover import Roots
+    from gpuhook.doctor import container, host, specs
+    from gpuhook.doctor import runtimes as rt
+    from gpuhook.errors import GpuhookError
+    from gpuhook.hook.config import Config, load_config
 
     if bundle and (env or annotations or device_mounts or privileged):
         raise click.UsageError("--bundle and --env/--annotation/--device-mount/--privileged are exclusive")

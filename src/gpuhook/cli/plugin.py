@@ -8,16 +8,16 @@ import sys
 
 import click
 
-from ..cli import load_inventory, root_options
-from ..errors import ConfigError, GpuhookError
-from .devices import ID_STRATEGIES, LIST_STRATEGIES, MIG_STRATEGIES, Options, parse_list_strategies
-from .health import DEFAULT_IGNORED_XIDS, HealthConfig, parse_xids
-from .lifecycle import DEFAULT_KUBELET_DIR, PluginConfig, serve_forever
+from gpuhook.cli.app import load_inventory, root_options
+from gpuhook.errors import ConfigError, GpuhookError
+from gpuhook.plugin.devices import ID_STRATEGIES, LIST_STRATEGIES, MIG_STRATEGIES, Options, parse_list_strategies
+from gpuhook.plugin.health import DEFAULT_IGNORED_XIDS, HealthConfig, parse_xids
+from gpuhook.plugin.lifecycle import DEFAULT_KUBELET_DIR, PluginConfig, serve_forever
 
 
 def default_hook_path() -> str:
     """The gpuhook the CDI spec's hooks call: the installed one (installed.py), else the usual place."""
-    from ..installed import gpuhook_executable
+    from gpuhook.discover.executables import gpuhook_executable
 
     return gpuhook_executable() or "/usr/local/bin/gpuhook"
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from .discover.inventory import Gpu, Inventory, MigDevice, normalize_bus_id
-from .edits import Selection
-from .errors import RequestError
-from .request import CDI_KIND, Request
+from gpuhook.errors import RequestError
+from gpuhook.model.edits import Selection
+from gpuhook.model.inventory import Gpu, Inventory, MigDevice, normalize_bus_id
+from gpuhook.model.request import CDI_KIND, Request
 
 Device = Gpu | MigDevice
 

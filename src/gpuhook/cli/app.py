@@ -8,11 +8,14 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from .errors import GpuhookError
+from gpuhook.errors import GpuhookError
+
+if TYPE_CHECKING:
+    from gpuhook.model.inventory import Inventory
 
 
 def root_options(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -30,8 +33,9 @@ def root_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return func
 
 
-def load_inventory(driver_root: str, dev_root: str | None, proc_root: str | None, discovery: str = "auto"):  # type: ignore[no-untyped-def]
-    from .discover import Roots, discover
+def load_inventory(driver_root: str, dev_root: str | None, proc_root: str | None,
+                   discovery: str = "auto") -> Inventory:
+    from gpuhook.discover import Roots, discover
 
     return discover(Roots.make(driver_root, dev_root, proc_root), method=discovery)
 
@@ -40,15 +44,15 @@ class LazyGroup(click.Group):
     """Sub-commands living in other modules, imported only when invoked (keeps every start cheap)."""
 
     LAZY: dict[str, str] = {
-        "fake-driver": ".fakedriver.cli:fake_driver",
-        "demo": ".demo:demo",
-        "generate-cdi": ".cdi.cli:generate_cdi",
-        "cdi": ".cdi.cli:cdi",
-        "cdi-hook": ".cdi.cli:cdi_hook",
-        "hook": ".hook_cli:hook",
-        "runtime": ".runtimeconfig:runtime",
-        "device-plugin": ".plugin.cli:device_plugin",
-        "doctor": ".doctor.cli:doctor",
+        "fake-driver": "gpuhook.cli.fakedriver:fake_driver",
+        "demo": "gpuhook.cli.demo:demo",
+        "generate-cdi": "gpuhook.cli.cdi:generate_cdi",
+        "cdi": "gpuhook.cli.cdi:cdi",
+        "cdi-hook": "gpuhook.cli.cdi:cdi_hook",
+        "hook": "gpuhook.cli.hook:hook",
+        "runtime": "gpuhook.cli.runtime:runtime",
+        "device-plugin": "gpuhook.cli.plugin:device_plugin",
+        "doctor": "gpuhook.cli.doctor:doctor",
     }
 
     def list_commands(self, ctx: click.Context) -> list[str]:
@@ -59,7 +63,7 @@ class LazyGroup(click.Group):
             import importlib
 
             module, _, attr = self.LAZY[cmd_name].partition(":")
-            return getattr(importlib.import_module(module, __package__), attr)
+            return getattr(importlib.import_module(module), attr)
         return super().get_command(ctx, cmd_name)
 
 
@@ -74,7 +78,7 @@ def cli() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (stable, see README).")
 def info(driver_root: str, dev_root: str | None, proc_root: str | None, discovery: str, as_json: bool) -> None:
     """What the host's driver offers: versions, GPUs, MIG devices, nodes and files per capability."""
-    from .report import format_inventory
+    from gpuhook.model.report import format_inventory
 
     inv = load_inventory(driver_root, dev_root, proc_root, discovery)
     click.echo(json.dumps(inv.to_dict(), indent=2, sort_keys=True) if as_json else format_inventory(inv))
@@ -95,10 +99,10 @@ def list_cmd(
     as_json: bool,
 ) -> None:
     """Exactly what a container asking for --devices/--capabilities would receive."""
-    from .edits import plan
-    from .report import edits_to_dict, format_edits
-    from .request import parse_request
-    from .select import resolve
+    from gpuhook.model.edits import plan
+    from gpuhook.model.report import edits_to_dict, format_edits
+    from gpuhook.model.request import parse_request
+    from gpuhook.model.selection import resolve
 
     inv = load_inventory(driver_root, dev_root, proc_root, discovery)
     env = [f"NVIDIA_VISIBLE_DEVICES={devices}"]

@@ -19,13 +19,12 @@ import time
 from collections.abc import Callable, Iterator
 from types import FrameType
 
-from .atomic import write_atomic
-from .discover import Inventory, Roots, discover
-from .discover.fingerprint import fingerprint
-from .discover.inventory import Gpu, MigDevice
-from .discover.roots import join
-from .errors import GpuhookError
-from .inotify import (
+from gpuhook.discover import Inventory, Roots, discover
+from gpuhook.discover.fingerprint import fingerprint
+from gpuhook.discover.roots import join
+from gpuhook.errors import GpuhookError
+from gpuhook.fileio.atomic import write_atomic
+from gpuhook.fileio.inotify import (
     IN_CLOSE_WRITE,
     IN_CREATE,
     IN_DELETE,
@@ -36,6 +35,7 @@ from .inotify import (
     IN_ONLYDIR,
     Inotify,
 )
+from gpuhook.model.inventory import Gpu, MigDevice
 
 MASK = (IN_CLOSE_WRITE | IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE | IN_DELETE | IN_DELETE_SELF | IN_MOVE_SELF
         | IN_ONLYDIR)
@@ -79,7 +79,7 @@ def _walk(top: str, depth: int) -> Iterator[str]:
 def usable_devices(inv: Inventory) -> tuple[list[Device], list[str]]:
     """The spec's default devices that have their device node, and a note for each left out (a GPU whose node is
     gone cannot be used, and would make `generate-cdi` refuse the whole spec)."""
-    from .cdi.spec import default_devices
+    from gpuhook.cdi.spec import default_devices
 
     keep: list[Device] = []
     left_out: list[str] = []

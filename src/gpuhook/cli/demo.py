@@ -29,7 +29,7 @@ def _step(title: str) -> None:
 
 
 def _bundle(work: Path, hook: str, config: Path) -> Path:
-    from .fakedriver.rootfs import busybox_rootfs
+    from gpuhook.fakedriver.rootfs import busybox_rootfs
 
     rootfs = busybox_rootfs(work / "bundle/rootfs")
     (rootfs / "usr/lib/x86_64-linux-gnu").mkdir(parents=True, exist_ok=True)
@@ -66,7 +66,7 @@ def _bundle(work: Path, hook: str, config: Path) -> Path:
 
 
 def _run_container(work: Path, root: Path) -> None:
-    from .fakedriver.rootfs import find_static_busybox
+    from gpuhook.fakedriver.rootfs import find_static_busybox
 
     hook = str(Path(sys.executable).with_name("gpuhook-hook"))
     busybox = find_static_busybox()
@@ -113,12 +113,12 @@ def _run_container(work: Path, root: Path) -> None:
 @click.option("--keep", is_flag=True, help="Keep the temp dir (printed) for a look around.")
 def demo(gpus: int, keep: bool) -> None:
     """The real pipeline (discovery, CDI, the prestart hook in runc) on a simulated driver."""
-    from .cdi.codec import dumps
-    from .cdi.spec import build_spec
-    from .cdi.validate import validate_spec
-    from .discover import Roots, discover
-    from .fakedriver import build_fake_driver
-    from .report import format_inventory
+    from gpuhook.cdi.codec import dumps
+    from gpuhook.cdi.spec import build_spec
+    from gpuhook.cdi.validate import validate_spec
+    from gpuhook.discover import Roots, discover
+    from gpuhook.fakedriver import build_fake_driver
+    from gpuhook.model.report import format_inventory
 
     work = Path(tempfile.mkdtemp(prefix="gpuhook-demo-"))
     try:

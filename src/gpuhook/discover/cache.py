@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 import os
 
-from .discover.fingerprint import fingerprint
-from .discover.inventory import Inventory
-from .discover.roots import Roots
+from gpuhook.discover.fingerprint import fingerprint
+from gpuhook.discover.roots import Roots
+from gpuhook.model.inventory import Inventory
 
 
 def load_fresh(path: str, roots: Roots) -> Inventory | None:
@@ -45,7 +45,7 @@ def store(path: str, inv: Inventory) -> None:
 def inventory(roots: Roots, cache_path: str) -> Inventory:
     inv = load_fresh(cache_path, roots)
     if inv is None:
-        from .discover import discover
+        from gpuhook.discover import discover
 
         inv = discover(roots)
         store(cache_path, inv)

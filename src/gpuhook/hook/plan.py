@@ -8,9 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .discover.inventory import Inventory
-from .edits import ContainerEdits, Selection, plan
-from .request import Request
+from gpuhook.model.edits import ContainerEdits, Selection, plan
+from gpuhook.model.inventory import Inventory
+from gpuhook.model.request import Request
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from gpuhook.hook.config import Config
 
 
 @dataclass(frozen=True)
@@ -28,16 +32,16 @@ class Planned:
                 f"links={len(e.symlinks)}")
 
 
-def plan_request(config, request: Request) -> Planned:  # type: ignore[no-untyped-def]
+def plan_request(config: Config, request: Request) -> Planned:
     """Everything `request` gets on the host `config` describes; RequestError/DiscoveryError on refusal."""
-    from .discover.roots import Roots
-    from .invcache import inventory
-    from .select import resolve
+    from gpuhook.discover.cache import inventory
+    from gpuhook.discover.roots import Roots
+    from gpuhook.model.selection import resolve
 
     inv = inventory(Roots.make(config.driver_root, config.dev_root or None, config.proc_root), config.inventory_cache)
     selection = resolve(inv, request)
     if request.requirements:  # require.py (its parsers) is only loaded for a container that has constraints
-        from . import require
+        from gpuhook.model import requirements as require
 
         require.check(inv, request.requirements, selection.devices)
     return Planned(inv, selection, plan(inv, selection))

@@ -1,0 +1,100 @@
+"""The OCI prestart (or createRuntime) hook: `gpuhook-hook [--config FILE] [prestart|createRuntime]`.
+
+Runs on every container start, so its import path is kept lean: no click, yaml, jsonschema, grpc or pynvml
+(pynvml only when no fresh inventory cache exists). Every container takes the same path: the config, the state
+and config.json through oci.bundle (the one parser of both), then, only for a container that carries a GPU signal
+at all (contract.has_gpu_signal), the request parser and planning. `gpuhook hook install` writes an entry script
+that starts this with `python -IS` (cli/entry.py).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from gpuhook.hook.log import append_log
+from gpuhook.model import contract
+from gpuhook.oci.bundle import load_bundle, parse_state, state_id
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from gpuhook.hook.config import Config
+    from gpuhook.model.request import Request
+
+STAGES = ("prestart", "createRuntime")
+USAGE = "usage: gpuhook-hook [--config FILE] [prestart|createRuntime]  (OCI state JSON on stdin)"
+
+
+def _parse_args(argv: list[str]) -> tuple[str | None, str]:
+    config, stage = None, "prestart"
+    args = list(argv)
+    while args:
+        arg = args.pop(0)
+        if arg == "--config" and args:
+            config = args.pop(0)
+        elif arg.startswith("--config="):
+            config = arg.split("=", 1)[1]
+        elif arg in STAGES:
+            stage = arg
+        else:
+            raise SystemExit(f"gpuhook-hook: unexpected argument {arg!r}\n{USAGE}")
+    return config, stage
+
+
+def run(state_text: bytes, config: Config) -> str:
+    """Handle one container; returns the log summary. Raises GpuhookError for a start that must fail."""
+    state = parse_state(state_text)
+    bundle = load_bundle(state.bundle)
+    annotations = {**bundle.annotations, **state.annotations}
+    if not contract.has_gpu_signal(bundle.env, bundle.mounts, annotations):
+        return f"{state.id} skip request=unset"
+    from gpuhook.model.request import is_privileged, parse_request
+
+    request = parse_request(bundle.env, bundle.mounts, annotations, is_privileged(bundle.process), config.policy)
+    notes = "".join(f" ({n})" for n in request.notes)
+    if not request.wants_gpu_setup:
+        return f"{state.id} skip request={request.kind}{notes}"
+    return f"{state.id} " + _inject(config, state.pid, bundle.rootfs, request) + notes
+
+
+def _inject(config: Config, pid: int, rootfs: str, request: Request) -> str:
+    from gpuhook.errors import InjectionError
+    from gpuhook.hook.plan import plan_request
+    from gpuhook.inject.apply import inject
+    from gpuhook.inject.devcgroup import DeviceRule, allow_devices
+
+    planned = plan_request(config, request)
+    if pid <= 0:
+        raise InjectionError("OCI state has no pid: run gpuhook-hook at the prestart or createRuntime stage")
+    edits = planned.edits
+    inject(pid, rootfs, edits, config.ldconfig, proc_root=config.proc_root)
+    cgroup = allow_devices(pid, [DeviceRule(n.type, n.major, n.minor, "rwm") for n in edits.device_nodes])
+    return f"inject {planned.summary()} cgroup={cgroup}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    start = time.monotonic()
+    from gpuhook.errors import GpuhookError
+
+    config_path, _stage = _parse_args(sys.argv[1:] if argv is None else argv)
+    log_file = "/var/log/gpuhook.log"
+    state_text = sys.stdin.buffer.read()
+    try:
+        from gpuhook.hook.config import load_config
+
+        config = load_config(config_path)
+        log_file = config.log_file
+        summary, code = run(state_text, config), 0
+    except (GpuhookError, OSError) as exc:
+        summary, code = f"{state_id(state_text)} error: {exc}", 1
+        print(f"gpuhook-hook: {exc}", file=sys.stderr)
+    except Exception as exc:  # noqa: BLE001 - a bug still fails the start with one line, never a traceback
+        summary, code = f"{state_id(state_text)} internal error: {type(exc).__name__}: {exc}", 1
+        print(f"gpuhook-hook: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
+    elapsed = (time.monotonic() - start) * 1000
+    append_log(log_file, f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {summary} took={elapsed:.1f}ms")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

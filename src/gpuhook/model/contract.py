@@ -1,0 +1,28 @@
+"""Names of the NVIDIA container contract that one side writes and another reads: the request parser, the
+hook's no-GPU check, the device plugin's Allocate and the CDI generator must spell them identically.
+
+Import-free, so the hook's no-GPU fast path can use it at no cost.
+"""
+
+VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+DRIVER_CAPABILITIES = "NVIDIA_DRIVER_CAPABILITIES"
+REQUIRE_PREFIX = "NVIDIA_REQUIRE_"
+DISABLE_REQUIRE = "NVIDIA_DISABLE_REQUIRE"
+MIG_CONFIG = "NVIDIA_MIG_CONFIG_DEVICES"
+MIG_MONITOR = "NVIDIA_MIG_MONITOR_DEVICES"
+LEGACY_CUDA_VERSION = "CUDA_VERSION"  # set by CUDA images older than NVIDIA_VISIBLE_DEVICES
+VOLUME_MOUNT_DIR = "/var/run/nvidia-container-devices"  # a /dev/null mount at <dir>/<id> requests <id>
+CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
+CDI_KIND = "nvidia.com/gpu"
+
+
+def has_gpu_signal(env: list[str], mounts: list[dict[str, object]], annotations: dict[str, str]) -> bool:
+    """Whether anything could make this a GPU container: the env var, a legacy CUDA image's CUDA_VERSION, a device
+    volume mount, a CDI annotation. Without any, request.parse_request answers "unset" under every policy, so the
+    hook stops here without loading the parser; with one, the parser decides."""
+    if any(e.startswith((VISIBLE_DEVICES + "=", LEGACY_CUDA_VERSION + "=")) for e in env):
+        return True
+    if any(k.startswith(CDI_ANNOTATION_PREFIX) for k in annotations):
+        return True
+    prefix = VOLUME_MOUNT_DIR + "/"
+    return any(isinstance(m.get("destination"), str) and str(m.get("destination")).startswith(prefix) for m in mounts)

@@ -1,0 +1,1 @@
+"""`gpuhook-runtime`, the OCI runtime shim for runtimes without CDI or a hooks directory (runtime.py)."""
