@@ -3,10 +3,15 @@
 The caller is already in the container's mount namespace. ldconfig runs in a forked child that first takes
 a private copy of that namespace, remounts everything in the rootfs `nodev` (ldconfig runs outside the
 container's device cgroup: an image's device node, reached as a library or a config file, would be the
-host's device) and hides the rootfs's /proc behind an empty tmpfs (so a hostile /etc/ld.so.cache ->
-/proc/1/root/... link cannot reach the host), then execs the host binary by descriptor with `-r <rootfs>`
-(it chroots itself after loading), an empty environment and an alarm (a FIFO in the image would block it).
-The files ldconfig is known to open (ld.so.conf, ld.so.conf.d/*.conf, ld.so.cache~) must be regular files.
+host's device) and hides every procfs in the rootfs behind an empty tmpfs (so a hostile /etc/ld.so.cache ->
+/proc/1/root/... link cannot reach the host: magic links ignore a chroot). The child then makes the rootfs
+its root (chroot + chdir "/") and only then execs the host binary, by descriptor, without `-r`, with an
+empty environment and an alarm (a FIFO in the image would block it). From its first system call ldconfig
+sees nothing but the container's filesystem: `ldconfig -r ROOT DIR` (glibc 2.36) opened DIR/glibc-hwcaps
+as a host path before chrooting itself, so an image's glibc-hwcaps link reached and listed a host directory.
+Running in the container's root requires a static ldconfig (a dynamic one would load the image's ld.so and
+libc): anything else is refused. The files ldconfig is known to open (ld.so.conf, ld.so.conf.d/*.conf,
+ld.so.cache~) must be regular files.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import posixpath
 import re
 import signal
 import stat
+import struct
 
 from gpuhook import _native
 from gpuhook.errors import InjectionError
@@ -65,8 +71,43 @@ def write_conf(rootfs: RootFS, folders: list[str], known: set[str] | None = None
         rootfs.write_file(CONF_FILE, ("".join(f"{f}\n" for f in missing)).encode())
 
 
-def ldconfig_argv(rootfs_path: str, folders: list[str]) -> list[str]:
-    return ["ldconfig", "-r", rootfs_path, "-f", "/etc/ld.so.conf", "-C", "/etc/ld.so.cache", *folders]
+def ldconfig_argv(folders: list[str]) -> list[str]:
+    """ldconfig's command line once the child's root is the container's: every path is the container's."""
+    return ["ldconfig", "-f", "/etc/ld.so.conf", "-C", "/etc/ld.so.cache", *folders]
+
+
+_PT_INTERP = 3
+
+
+def check_static(fd: int, what: str = "ldconfig") -> None:
+    """Refuse an executable that would need anything from the filesystem to start: ldconfig is exec'd after
+    chroot into the container, where a PT_INTERP (a dynamic binary) or a `#!` line (a script) would name the
+    image's loader or interpreter, run with the hook's privileges. A static (or static-pie) ELF is what
+    glibc builds and distributions ship (Debian: /sbin/ldconfig, static-pie)."""
+    try:
+        head = os.pread(fd, 64, 0)
+        if len(head) < 52 or head[:4] != b"\x7fELF" or head[4] not in (1, 2) or head[5] not in (1, 2):
+            raise InjectionError(f"{what} is not an ELF executable: refusing to run it in the container's root")
+        end = "<" if head[5] == 1 else ">"
+        if head[4] == 2:  # ELFCLASS64
+            e_type, phoff, phentsize, phnum = (struct.unpack_from(end + "H", head, 16)[0],
+                                               struct.unpack_from(end + "Q", head, 32)[0],
+                                               *struct.unpack_from(end + "HH", head, 54))
+        else:
+            e_type, phoff, phentsize, phnum = (struct.unpack_from(end + "H", head, 16)[0],
+                                               struct.unpack_from(end + "I", head, 28)[0],
+                                               *struct.unpack_from(end + "HH", head, 42))
+        if e_type not in (2, 3) or phnum in (0, 0xFFFF) or phentsize < 4 or phnum * phentsize > 1 << 16:
+            raise InjectionError(f"{what}: unusable ELF header")
+        table = os.pread(fd, phnum * phentsize, phoff)
+    except OSError as exc:
+        raise InjectionError(f"cannot read {what}: {exc.strerror}") from None
+    if len(table) < phnum * phentsize:
+        raise InjectionError(f"{what}: truncated ELF program headers")
+    for i in range(phnum):
+        if struct.unpack_from(end + "I", table, i * phentsize)[0] == _PT_INTERP:
+            raise InjectionError(f"{what} is dynamically linked: it runs chrooted in the container, where it "
+                                 "would load the image's loader and libc; a statically linked ldconfig is needed")
 
 
 def _check_cache_tmp(rootfs: RootFS) -> None:
@@ -88,15 +129,60 @@ def _unescape(field: str) -> str:
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
-def _remount_nodev(root_path: str) -> None:
-    """In the child's private namespace, add nodev to the rootfs mount and every mount below it."""
+def _mounts_under(root_path: str) -> list[tuple[str, str]]:
+    """(mount point, fs type) of the rootfs mount and every mount below it, in mountinfo order.
+
+    `root_path` is the rootfs as the kernel names it (no symlink, no trailing slash), as mountinfo does."""
     prefix = root_path.rstrip("/") + "/"
+    out = []
     with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
-        points = [_unescape(line.split()[4]) for line in f]
+        for line in f:
+            fields = line.split()
+            point = _unescape(fields[4])
+            if point == root_path or point.startswith(prefix):
+                out.append((point, fields[fields.index("-") + 1]))
+    return out
+
+
+def _remount_nodev(points: list[str]) -> None:
+    """In the child's private namespace, add nodev to the rootfs mount and every mount below it."""
     for point in points:
-        if point == root_path or point.startswith(prefix):
-            kept = os.statvfs(point).f_flag & _KEPT_FLAGS
-            _native.mount(None, point, None, _native.MS_REMOUNT | _native.MS_BIND | _native.MS_NODEV | kept, None)
+        kept = os.statvfs(point).f_flag & _KEPT_FLAGS
+        _native.mount(None, point, None, _native.MS_REMOUNT | _native.MS_BIND | _native.MS_NODEV | kept, None)
+
+
+def _hide(rootfs: RootFS, path: str) -> None:
+    """An empty tmpfs over directory `path` (resolved inside the rootfs), never over the rootfs itself (an image's
+    `/proc -> /`): the child chroots through the rootfs's descriptor, under such a tmpfs, and would see procfs."""
+    pfd = rootfs.open(path, os.O_PATH | os.O_DIRECTORY)
+    try:
+        st, top = os.fstat(pfd), os.fstat(rootfs.fd)
+        if (st.st_dev, st.st_ino) == (top.st_dev, top.st_ino):
+            raise InjectionError(f"{path} in container: leads to the container's root")
+        _native.mount("tmpfs", f"/proc/self/fd/{pfd}", "tmpfs", _native.MS_NOSUID | _native.MS_NODEV, "size=4k")
+    finally:
+        os.close(pfd)
+
+
+def _hide_procfs(rootfs: RootFS, top: str, mounts: list[tuple[str, str]]) -> None:
+    """Cover the rootfs's /proc and any other procfs mounted in it (a runtime's `-v /proc:/host/proc`):
+    /proc/<pid>/root and /proc/<pid>/cwd are magic links that leave a chroot."""
+    hidden: list[str] = []
+    if rootfs.exists("/proc"):
+        _hide(rootfs, "/proc")
+        hidden.append("/proc")
+    for point, fstype in mounts:
+        rel = point[len(top.rstrip("/")):] or "/"
+        if fstype != "proc" or any(rel == h or rel.startswith(h.rstrip("/") + "/") for h in hidden):
+            continue
+        fd = rootfs.open(rel)
+        try:
+            is_dir = stat.S_ISDIR(os.fstat(fd).st_mode)
+        finally:
+            os.close(fd)
+        if is_dir:  # else a single procfs file bound somewhere: not a directory of magic links
+            _hide(rootfs, rel)
+            hidden.append(rel)
 
 
 def _child(rootfs: RootFS, ldconfig_fd: int, argv: list[str], err_w: int) -> None:
@@ -104,14 +190,19 @@ def _child(rootfs: RootFS, ldconfig_fd: int, argv: list[str], err_w: int) -> Non
     try:
         _native.unshare(_native.CLONE_NEWNS)
         _native.mount(None, "/", None, _native.MS_REC | _native.MS_PRIVATE, None)
-        _remount_nodev(rootfs.path)
+        top = os.readlink(f"/proc/self/fd/{rootfs.fd}")  # the rootfs's real path, as mountinfo spells it
+        mounts = _mounts_under(top)
+        _remount_nodev([point for point, _ in mounts])
         rootfs = RootFS(rootfs.path)  # a descriptor opened before unshare() is in the old namespace: mount() EINVAL
-        if rootfs.exists("/proc"):
-            pfd = rootfs.open("/proc", os.O_PATH | os.O_DIRECTORY)
-            _native.mount("tmpfs", f"/proc/self/fd/{pfd}", "tmpfs", _native.MS_NOSUID | _native.MS_NODEV, "size=4k")
-            os.close(pfd)
+        _hide_procfs(rootfs, top, mounts)
         os.dup2(err_w, 1)
         os.dup2(err_w, 2)
+        # Enter the container's root before ldconfig runs at all: through the descriptor (the path is not
+        # looked up again), then "/" so no working directory is left outside. ldconfig was opened on the host
+        # and is static (check_static): the exec needs nothing from the container's filesystem.
+        os.fchdir(rootfs.fd)
+        os.chroot(".")
+        os.chdir("/")
         signal.alarm(LDCONFIG_TIMEOUT_S)  # survives execve; SIGALRM's default action ends ldconfig
         os.execve(ldconfig_fd, argv, {})
     except BaseException as exc:  # noqa: BLE001 - report whatever stopped us, then die
@@ -126,9 +217,10 @@ def update_ldcache(rootfs: RootFS, folders: list[str], ldconfig_fd: int) -> None
     os.close(rootfs.mkdirs("/etc"))
     known = configured_folders(rootfs)  # also refuses special files where ldconfig reads its configuration
     _check_cache_tmp(rootfs)
+    check_static(ldconfig_fd)
     if folders:
         write_conf(rootfs, folders, known)
-    argv = ldconfig_argv(rootfs.path, folders)
+    argv = ldconfig_argv(folders)
     r, w = os.pipe()
     parent = os.getpid()
     pid = os.fork()
@@ -152,6 +244,12 @@ def open_ldconfig(path: str) -> int:
     """The host's ldconfig by descriptor ('@/sbin/ldconfig' means the host path /sbin/ldconfig)."""
     path = path[1:] if path.startswith("@") else path
     try:
-        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as exc:
         raise InjectionError(f"cannot open ldconfig {path}: {exc.strerror}") from None
+    try:
+        check_static(fd, f"ldconfig {path}")  # refused before anything is done to the container
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd

@@ -1,0 +1,286 @@
+"""The host's ldconfig sees nothing but the container's filesystem (issue 17, part 1).
+
+glibc 2.36's `ldconfig -r ROOT DIR` resolves DIR inside ROOT but then opens `ROOT/DIR/glibc-hwcaps` as a plain
+host path before it chroots: an image whose /usr/lib/x86_64-linux-gnu/glibc-hwcaps is a link to a host directory
+(absolute, or a chain of `..`) made the host's ldconfig list that directory, and the names of its
+subdirectories landed in the container's /etc/ld.so.cache. gpuhook now enters the container's root before the
+exec, so every path ldconfig opens is the container's.
+
+Each case plants a host *canary* directory holding `hostonly-<random>/` and points the image's glibc-hwcaps at
+it, then starts the container (prestart hook under runc, the CDI spec's hook under podman, the runtime shim's
+CDI hooks under runc) or calls the module directly, and checks from the host: the canary name is not in the
+container's cache, and inotify saw no open of the canary directory. A control shows the watch sees an open.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support import hostile
+from support.e2e import need_root, need_tool
+from support.glibc import MULTIARCH, glibc_rootfs
+from support.podman import Podman, need_podman
+from support.runc import make_bundle, need_busybox, run_in_child, runc_delete, runc_run, unique_id
+
+from gpuhook import _native
+from gpuhook.errors import InjectionError
+from gpuhook.fakedriver import FakeDriver
+from gpuhook.inject import ldcache
+from gpuhook.inject.rootfs import RootFS
+
+UP = "../" * 24  # from anywhere in a rootfs, enough `..` to reach the host's / when followed on the host
+HWCAPS = f"{MULTIARCH}/glibc-hwcaps"
+LDCONFIG = "/sbin/ldconfig"
+WATCH = hostile.IN_OPEN | hostile.IN_ACCESS | hostile.IN_MODIFY
+IN_CREATE = 0x100
+
+
+@dataclass
+class Canary:
+    """A host directory an image must never make the host's ldconfig open: `dir`/`name`/ (plus a library)."""
+
+    dir: Path
+    name: str
+
+    @classmethod
+    def make(cls, parent: Path) -> Canary:
+        canary = cls(parent / "host-canary", f"hostonly-{uuid.uuid4().hex[:12]}")
+        (canary.dir / canary.name).mkdir(parents=True)
+        shutil.copy2(os.path.realpath("/lib/x86_64-linux-gnu/libm.so.6"), canary.dir / canary.name / "libm.so.6")
+        return canary
+
+    def watcher(self) -> hostile.Inotify:
+        watcher = hostile.Inotify()
+        watcher.watch(self.dir, WATCH | IN_CREATE)
+        watcher.watch(self.dir / self.name, WATCH | IN_CREATE)
+        return watcher
+
+    def assert_untouched(self, cache: Path, opened: list[tuple[str, int]]) -> None:
+        """Nothing of the canary in the container's cache, no open of it seen, nothing written into it."""
+        data = cache.read_bytes() if cache.exists() else b""
+        problems = []
+        if self.name.encode() in data or str(self.dir).encode() in data:
+            problems.append(f"the host directory {self.dir} was listed into the container's cache")
+        if opened:
+            problems.append(f"the host canary directory was opened: {opened}")
+        if sorted(p.name for p in self.dir.iterdir()) != [self.name]:
+            problems.append(f"something was written into the host canary directory: {list(self.dir.iterdir())}")
+        assert problems == []
+
+
+LINKS: dict[str, Callable[[Canary], str]] = {
+    "absolute": lambda c: str(c.dir),
+    "dotdot": lambda c: UP + str(c.dir).lstrip("/"),
+}
+
+
+def plant_hwcaps(rootfs: Path, canary: Canary, kind: str) -> None:
+    link = rootfs / HWCAPS
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(LINKS[kind](canary))
+
+
+def watched(canary: Canary, run: Callable[[], Any]) -> tuple[Any, list[tuple[str, int]]]:
+    watcher = canary.watcher()
+    try:
+        result = run()
+        return result, watcher.events()
+    finally:
+        watcher.close()
+
+
+def test_canary_watch_sees_an_open(tmp_path: Path) -> None:
+    """The control for every `opened == []` here: listing the canary (what ldconfig does) is seen."""
+    canary = Canary.make(tmp_path)
+    _, opened = watched(canary, lambda: os.listdir(canary.dir))
+    assert any(path == str(canary.dir) and mask & hostile.IN_OPEN for path, mask in opened), opened
+
+
+# --- the module, without a container ----------------------------------------------------------------------
+
+
+def small_rootfs(tmp_path: Path) -> Path:
+    """An image with a library folder (libc inside), an ld.so.conf, and nothing else."""
+    rootfs = tmp_path / "rootfs"
+    (rootfs / MULTIARCH).mkdir(parents=True)
+    (rootfs / "etc").mkdir()
+    (rootfs / "etc/ld.so.conf").write_text("")
+    shutil.copy2(os.path.realpath("/lib/x86_64-linux-gnu/libc.so.6"), rootfs / MULTIARCH / "libc.so.6")
+    return rootfs
+
+
+def run_ldconfig(rootfs: Path, folders: list[str]) -> None:
+    fd = ldcache.open_ldconfig(f"@{LDCONFIG}")
+    try:
+        with RootFS(str(rootfs)) as root:
+            ldcache.update_ldcache(root, folders, fd)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("kind", sorted(LINKS))
+def test_update_ldcache_never_opens_host_hwcaps(tmp_path: Path, kind: str) -> None:
+    need_root()
+    rootfs = small_rootfs(tmp_path)
+    canary = Canary.make(tmp_path)
+    plant_hwcaps(rootfs, canary, kind)
+    _, opened = watched(canary, lambda: run_ldconfig(rootfs, ["/" + MULTIARCH]))
+    cache = rootfs / "etc/ld.so.cache"
+    assert {e.key for e in _native.read_ldcache(str(cache))} >= {"libc.so.6"}  # ldconfig did run over the folder
+    canary.assert_untouched(cache, opened)
+
+
+def test_update_ldcache_hides_every_procfs_in_the_rootfs(tmp_path: Path) -> None:
+    """A procfs mounted elsewhere in the rootfs (a runtime's `-v /proc:/host/proc`) has magic links that leave
+    any chroot: an ld.so.conf folder through /host/proc/<pid>/root must not make ldconfig scan (and write soname
+    links into) a host directory."""
+    need_root()
+    rootfs = small_rootfs(tmp_path)
+    canary = Canary.make(tmp_path)
+    (canary.dir / canary.name / "libm.so.6").rename(canary.dir / canary.name / "libhost.so.6.0")  # link bait
+    (rootfs / "host/proc").mkdir(parents=True)
+    escape = f"/host/proc/{os.getpid()}/root{canary.dir}/{canary.name}"
+    (rootfs / "etc/ld.so.conf").write_text(f"{escape}\n")
+
+    def child() -> None:
+        _native.unshare(_native.CLONE_NEWNS)
+        _native.mount(None, "/", None, _native.MS_REC | _native.MS_PRIVATE, None)
+        _native.mount("proc", str(rootfs / "host/proc"), "proc", _native.MS_NOSUID | _native.MS_NODEV, None)
+        assert os.path.isdir(str(rootfs / "host/proc") + escape.removeprefix("/host/proc"))  # the way out exists
+        run_ldconfig(rootfs, ["/" + MULTIARCH])
+
+    _, opened = watched(canary, lambda: run_in_child(child))
+    written = sorted(p.name for p in (canary.dir / canary.name).iterdir() if p.name != "libhost.so.6.0")
+    data = (rootfs / "etc/ld.so.cache").read_bytes()
+    assert (written, b"libhost" in data, canary.name.encode() in data, opened) == ([], False, False, []), \
+        "ldconfig reached the host directory through the procfs (links written, cache entries, opens)"
+
+
+def test_ldconfig_must_be_static(tmp_path: Path) -> None:
+    """Exec'd inside the container's root, a dynamic ldconfig would load the image's ld.so and libc, and a
+    script the image's interpreter: both are refused before anything happens; the host's static one is fine."""
+    need_tool("gcc")
+    src = tmp_path / "main.c"
+    src.write_text("int main(void) { return 0; }\n")
+    dynamic, static = tmp_path / "dynamic", tmp_path / "static"
+    subprocess.run(["gcc", "-o", str(dynamic), str(src)], check=True, capture_output=True)
+    built = subprocess.run(["gcc", "-static", "-o", str(static), str(src)], capture_output=True, check=False)
+    script = tmp_path / "script"
+    script.write_text("#!/bin/sh\nexit 0\n")
+    with pytest.raises(InjectionError, match="dynamically linked"):
+        ldcache.open_ldconfig(str(dynamic))
+    with pytest.raises(InjectionError, match="not an ELF"):
+        ldcache.open_ldconfig(str(script))
+    for ok in ([static] if built.returncode == 0 else []) + [Path(LDCONFIG)]:  # -static needs libc.a
+        os.close(ldcache.open_ldconfig(f"@{ok}"))
+    fd = os.open(dynamic, os.O_RDONLY)  # the guard before the fork, for a descriptor from anywhere
+    try:
+        with RootFS(str(small_rootfs(tmp_path))) as root, pytest.raises(InjectionError, match="dynamically"):
+            ldcache.update_ldcache(root, [], fd)
+    finally:
+        os.close(fd)
+
+
+# --- real starts ------------------------------------------------------------------------------------------
+
+HOOK_TIMEOUT = 60
+# The cache as the container reads it (`grep -c` prints 0 when the name is absent), then a check that the
+# driver's libraries are in it (the hook did run ldconfig over the folder).
+PROBE = "echo LEAK $(grep -c '{name}' /etc/ld.so.cache); echo CACHED $(grep -c libcuda.so.1 /etc/ld.so.cache)"
+
+
+@pytest.fixture(scope="module")
+def fake(fake_driver_factory: Any) -> FakeDriver:
+    return fake_driver_factory()
+
+
+def check_start(result: subprocess.CompletedProcess[str], rootfs: Path, canary: Canary,
+                opened: list[tuple[str, int]]) -> None:
+    assert result.returncode == 0, result.stderr
+    lines = dict(line.split(" ", 1) for line in result.stdout.splitlines() if " " in line)
+    assert lines.get("CACHED", "0") != "0", f"no ld cache was built: {result.stdout}"
+    assert "libcuda.so.1" in {e.key for e in _native.read_ldcache(str(rootfs / "etc/ld.so.cache"))}
+    canary.assert_untouched(rootfs / "etc/ld.so.cache", opened)
+    assert lines.get("LEAK") == "0", f"the container reads the host directory's entries: {result.stdout}"
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("kind", sorted(LINKS))
+def test_prestart_hook_runc(fake: FakeDriver, tmp_path: Path, kind: str) -> None:
+    hostile.need_hook_e2e("gcc")
+    canary = Canary.make(tmp_path)
+    rootfs = glibc_rootfs(tmp_path / "bundle", probe_cache=tmp_path.parent / "probe")
+    plant_hwcaps(rootfs, canary, kind)
+    config = hostile.write_config(tmp_path, fake.root)
+    bundle = make_bundle(tmp_path / "bundle", rootfs, ["sh", "-c", PROBE.format(name=canary.name)],
+                         env=["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES=all"],
+                         hooks=hostile.prestart_hooks(config))
+    result, opened = watched(canary, lambda: runc_run(bundle, unique_id("ldc"), timeout=HOOK_TIMEOUT))
+    assert hostile.kill_leftovers(str(config)) == []
+    check_start(result, rootfs, canary, opened)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory, fake: FakeDriver) -> Iterator[Podman]:
+    """A private podman whose /etc/cdi holds the spec `gpuhook generate-cdi` writes for `fake`."""
+    podman = need_podman()
+    need_busybox()
+    world = Podman.create(tmp_path_factory.mktemp("podman"), podman)
+    subprocess.run([hostile.gpuhook_binary(), "generate-cdi", "--driver-root", str(fake.root), "--proc-root",
+                    str(fake.root / "proc"), "--hook-path", hostile.gpuhook_binary(), "--output",
+                    str(world.spec_dir / "nvidia.yaml")], check=True, capture_output=True, text=True)
+    yield world
+    world.close()
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("kind", sorted(LINKS))
+def test_cdi_hook_podman(world: Podman, tmp_path: Path, kind: str) -> None:
+    canary = Canary.make(tmp_path)
+    rootfs = glibc_rootfs(tmp_path, probe_cache=tmp_path.parent / "probe")
+    plant_hwcaps(rootfs, canary, kind)
+    result, opened = watched(canary, lambda: world.sh(rootfs, ["nvidia.com/gpu=0"], PROBE.format(name=canary.name),
+                                                      timeout=HOOK_TIMEOUT))
+    check_start(result, rootfs, canary, opened)
+
+
+SHIM = str(Path(sys.executable).with_name("gpuhook-runtime"))
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("kind", sorted(LINKS))
+def test_runtime_shim_runc(fake: FakeDriver, tmp_path: Path, kind: str) -> None:
+    """gpuhook-runtime rewrites config.json with the CDI edits (createContainer: `gpuhook cdi-hook
+    update-container`), then execs runc."""
+    need_root()
+    need_tool("runc")
+    need_busybox()
+    assert Path(SHIM).exists(), "gpuhook-runtime is not installed next to the test interpreter"
+    canary = Canary.make(tmp_path)
+    rootfs = glibc_rootfs(tmp_path / "bundle", probe_cache=tmp_path.parent / "probe")
+    plant_hwcaps(rootfs, canary, kind)
+    bundle = make_bundle(tmp_path / "bundle", rootfs, ["sh", "-c", PROBE.format(name=canary.name)],
+                         env=["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES=all"])
+    config = hostile.write_config(tmp_path, fake.root)
+    cid = unique_id("ldc-shim")
+    env = dict(os.environ, GPUHOOK_CONFIG=str(config), GPUHOOK_RUNTIME="runc")
+
+    def start() -> subprocess.CompletedProcess[str]:
+        try:
+            return subprocess.run([SHIM, "run", "--bundle", str(bundle), cid], env=env, capture_output=True,
+                                  text=True, timeout=HOOK_TIMEOUT, stdin=subprocess.DEVNULL, check=False)
+        finally:
+            runc_delete(cid)
+
+    result, opened = watched(canary, start)
+    assert "cdi-hook" in (bundle / "config.json").read_text()  # the start went through the CDI hooks
+    check_start(result, rootfs, canary, opened)
