@@ -137,7 +137,8 @@ FAKE_LDCONFIG = r"""
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
-/* Stands in for the host's ldconfig, run by the hook after its mounts: reports, then misbehaves. */
+/* Stands in for the host's ldconfig, run by the hook after its mounts (static, as the hook requires, and
+   chrooted into the container: READY is a path in the rootfs): reports, then misbehaves. */
 int main(void)
 {
     FILE *f = fopen(READY, "w");
@@ -152,11 +153,12 @@ int main(void)
 
 
 def fake_ldconfig(directory: Path, mode: str) -> tuple[Path, Path]:
-    src, exe, ready = directory / f"ldconfig-{mode}.c", directory / f"ldconfig-{mode}", directory / f"ready-{mode}"
+    """The stand-in and where its report appears on the host: /ready-MODE in start()'s rootfs."""
+    src, exe = directory / f"ldconfig-{mode}.c", directory / f"ldconfig-{mode}"
     src.write_text(FAKE_LDCONFIG)
-    subprocess.run(["gcc", "-O1", f'-DREADY="{ready}"', f'-DMODE="{mode}"', "-o", str(exe), str(src)], check=True,
-                   capture_output=True)
-    return exe, ready
+    subprocess.run(["gcc", "-static", "-O1", f'-DREADY="/ready-{mode}"', f'-DMODE="{mode}"', "-o", str(exe),
+                    str(src)], check=True, capture_output=True)
+    return exe, directory / "run/bundle/rootfs" / f"ready-{mode}"
 
 
 @pytest.fixture()
