@@ -1,4 +1,5 @@
-"""Spec (de)serialisation: YAML (the C emitter/parser when present) or JSON, and strict reading.
+"""Spec (de)serialisation: YAML (written by yamlout.py, read by PyYAML's C parser when present) or JSON, and
+strict reading. PyYAML is imported only to read, so generating a spec never loads it.
 
 Reading is as strict as the Go loader's `yaml.UnmarshalStrict`: a duplicated key is an error, not a silent
 "last one wins".
@@ -6,33 +7,37 @@ Reading is as strict as the Go loader's `yaml.UnmarshalStrict`: a duplicated key
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from typing import Any
 
-import yaml
-
 from gpuhook.cdi.errors import CdiError
+from gpuhook.cdi.yamlout import dump
 
 FORMATS: tuple[str, ...] = ("yaml", "json")
 SPEC_EXTENSIONS: tuple[str, ...] = (".yaml", ".json")  # what CDI loaders read; `.yml` is ignored by them
 
-_Dumper: type = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-_BaseLoader: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
+@functools.cache
+def _strict_loader() -> type:
+    """PyYAML's safe loader (C when present) that refuses duplicate mapping keys, as Go's UnmarshalStrict does."""
+    import yaml
 
-class _StrictLoader(_BaseLoader):  # type: ignore[misc, valid-type]
-    """Safe loader that refuses duplicate mapping keys."""
+    base: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r}", key_node.start_mark)
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
+    class StrictLoader(base):  # type: ignore[valid-type, misc]
+        def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {key!r}", key_node.start_mark)
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    return StrictLoader
 
 
 def format_for(path: str | None, fmt: str | None) -> str:
@@ -48,14 +53,15 @@ def dumps(spec: dict[str, Any], fmt: str = "yaml") -> str:
     """The spec as text, keys in the order they were built (stable output for stable input)."""
     if fmt == "json":
         return json.dumps(spec, indent=2) + "\n"
-    text: str = yaml.dump(spec, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=4096)
-    return text
+    return dump(spec)
 
 
 def loads(text: str, origin: str = "<spec>") -> Any:
     """Parse YAML (JSON is YAML too) strictly; CdiError with one line on a syntax error or duplicate key."""
+    import yaml
+
     try:
-        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+        return yaml.load(text, Loader=_strict_loader())  # noqa: S506 - a SafeLoader subclass
     except (ValueError, OverflowError, RecursionError) as exc:  # a constructor refusing a scalar (2001-13-01)
         raise CdiError(f"{origin}: not valid YAML/JSON: {str(exc).splitlines()[0] if str(exc) else exc!r}") from None
     except yaml.YAMLError as exc:
