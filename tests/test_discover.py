@@ -16,6 +16,7 @@ from gpuhook.cli.app import main as cli_main
 from gpuhook.discover import Roots, discover
 from gpuhook.errors import DiscoveryError
 from gpuhook.model import catalogue
+from gpuhook.model.report import topology_to_dict
 
 
 def roots(fake: Any) -> Roots:
@@ -207,7 +208,9 @@ def test_list_shows_what_a_container_gets(fake_driver: Any) -> None:
 
 def test_in_process_discovery_matches_cli(fake_driver_mig: Any) -> None:
     inv = discover(roots(fake_driver_mig))
-    assert json.loads(json.dumps(inv.to_dict())) == info_json(fake_driver_mig)
+    cli = info_json(fake_driver_mig)
+    assert cli.pop("topology") == json.loads(json.dumps(topology_to_dict(inv)))  # the derived matrix
+    assert json.loads(json.dumps(inv.to_dict())) == cli
     assert inv.fingerprint and len(inv.fingerprint) == 32
 
 

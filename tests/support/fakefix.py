@@ -57,7 +57,7 @@ def _key(
 @pytest.fixture(scope="session")
 def fake_driver_factory(tmp_path_factory: pytest.TempPathFactory) -> FakeDriverFactory:
     """factory(gpus=2, driver_version=..., cuda_version=..., mig=None, compat32=None, *, minors=None,
-    uuid_salt=..., merged_usr=False, fresh=False) -> FakeDriver; identical requests share one build."""
+    uuid_salt=..., merged_usr=False, nvlink="none", fresh=False) -> FakeDriver; identical requests share one build."""
     need(os.geteuid() == 0, "the fake driver needs root (mknod, ldconfig -r)")
     built: dict[tuple[Any, ...], FakeDriver] = {}
 
@@ -71,9 +71,10 @@ def fake_driver_factory(tmp_path_factory: pytest.TempPathFactory) -> FakeDriverF
         minors: Sequence[int] | None = None,
         uuid_salt: str = DEFAULT_UUID_SALT,
         merged_usr: bool = False,
+        nvlink: str = "none",
         fresh: bool = False,
     ) -> FakeDriver:
-        options = {"minors": minors, "uuid_salt": uuid_salt, "merged_usr": merged_usr}
+        options = {"minors": minors, "uuid_salt": uuid_salt, "merged_usr": merged_usr, "nvlink": nvlink}
         key = _key(gpus, driver_version, cuda_version, mig, compat32, options)
         if not fresh and key in built:
             built[key].reset_controls()
@@ -89,6 +90,7 @@ def fake_driver_factory(tmp_path_factory: pytest.TempPathFactory) -> FakeDriverF
             minors=minors,
             uuid_salt=uuid_salt,
             merged_usr=merged_usr,
+            nvlink=nvlink,
         )
         if not fresh:
             built[key] = fake

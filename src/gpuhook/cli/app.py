@@ -78,10 +78,13 @@ def cli() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (stable, see README).")
 def info(driver_root: str, dev_root: str | None, proc_root: str | None, discovery: str, as_json: bool) -> None:
     """What the host's driver offers: versions, GPUs, MIG devices, nodes and files per capability."""
-    from gpuhook.model.report import format_inventory
+    from gpuhook.model.report import format_inventory, topology_to_dict
 
     inv = load_inventory(driver_root, dev_root, proc_root, discovery)
-    click.echo(json.dumps(inv.to_dict(), indent=2, sort_keys=True) if as_json else format_inventory(inv))
+    if as_json:
+        click.echo(json.dumps({**inv.to_dict(), "topology": topology_to_dict(inv)}, indent=2, sort_keys=True))
+    else:
+        click.echo(format_inventory(inv))
 
 
 @cli.command("list")

@@ -17,6 +17,7 @@ from gpuhook.fakedriver.model import (
     DRIVER_VERSION_RE,
     MAX_GPUS,
     MIG_PROFILES,
+    NVLINK_LAYOUTS,
     FakeDriver,
 )
 
@@ -94,15 +95,18 @@ def fake_driver() -> None:
     help=f"Enable MIG on a GPU with these devices (repeatable). Profiles: {', '.join(MIG_PROFILES)}.",
 )
 @click.option("--compat32/--no-compat32", default=None, help="Build the 32-bit libraries [default: if gcc -m32 works].")
+@click.option("--nvlink", type=click.Choice(NVLINK_LAYOUTS), default="none", show_default=True,
+              help="NVLink layout: none, bridge (pairs 0-1, 2-3, ... NV12), nvswitch (all-to-all, NV18).")
 def create(
-    directory: Path, gpus: int, driver_version: str, cuda_version: str, mig: dict[int, list[str]], compat32: bool | None
+    directory: Path, gpus: int, driver_version: str, cuda_version: str, mig: dict[int, list[str]],
+    compat32: bool | None, nvlink: str,
 ) -> None:
     """Build a fake driver root in DIRECTORY (absent or empty)."""
     for gpu in mig:
         if gpu >= gpus:
             raise click.BadParameter(f"GPU {gpu} does not exist (--gpus {gpus})", param_hint="--mig")
     try:
-        fake = build_fake_driver(directory, gpus, driver_version, cuda_version, mig, compat32)
+        fake = build_fake_driver(directory, gpus, driver_version, cuda_version, mig, compat32, nvlink=nvlink)
     except ValueError as e:
         raise click.UsageError(str(e)) from e
     except (PermissionError, CompileError, RuntimeError) as e:

@@ -13,7 +13,7 @@ from gpuhook.discover.fingerprint import fingerprint
 from gpuhook.discover.roots import Roots, join, resolve_in_root
 from gpuhook.errors import DiscoveryError
 from gpuhook.model import catalogue
-from gpuhook.model.inventory import DeviceNode, DriverFile, Gpu, Inventory, MigDevice
+from gpuhook.model.inventory import DeviceNode, DriverFile, Gpu, Inventory, MigDevice, NvLink
 
 __all__ = ["DeviceNode", "DriverFile", "Gpu", "Inventory", "MigDevice", "Roots", "discover", "nvml_library"]
 
@@ -91,6 +91,9 @@ def _from_nvml(roots: Roots, library: str) -> tuple[str, str, list[Gpu]]:
                 numa_node=g.numa_node,
                 mig_enabled=g.mig_enabled,
                 migs=migs,
+                nvlinks=tuple(NvLink(bus, kind) for bus, kind in g.nvlinks),
+                pci_levels=tuple(g.pci_levels),
+                p2p_ok=tuple(g.p2p_ok),
             )
         )
     return report.driver_version, report.cuda_version, gpus

@@ -64,6 +64,9 @@ class NvmlGpu:
     numa_node: int
     mig_enabled: bool
     migs: list[NvmlMig] = field(default_factory=list)
+    nvlinks: list[tuple[str, str]] = field(default_factory=list)  # (remote bus id, remote type) per active link
+    pci_levels: list[int] = field(default_factory=list)  # common-ancestor level to GPU i; [] when unknown
+    p2p_ok: list[bool] = field(default_factory=list)
 
 
 @dataclass
@@ -176,15 +179,57 @@ def _gpu(nv: Any, index: int) -> NvmlGpu:
     )
 
 
+# nvmlIntNvLinkDeviceType_t
+NVLINK_REMOTE_TYPES: dict[int, str] = {0: "gpu", 1: "ibmnpu", 2: "switch"}
+P2P_CAPS_INDEX_READ = 0  # pynvml spells NVML_P2P_CAPS_INDEX_READ as a tuple `(0,)`: use the number
+NVLINK_MAX_LINKS = 18  # NVML_NVLINK_MAX_LINKS of the r550 headers; newer pynvml says 36, the loop stops early
+
+
+def _nvlinks(nv: Any, handle: Any) -> list[tuple[str, str]]:
+    """(remote bus id, remote type) of each active NVLink, as go-gpuallocator reads them (state, then the far
+    end's PCI info); a link NVML does not support is skipped, an invalid link number ends the list."""
+    links: list[tuple[str, str]] = []
+    for link in range(getattr(nv, "NVML_NVLINK_MAX_LINKS", NVLINK_MAX_LINKS)):
+        try:
+            if not nv.nvmlDeviceGetNvLinkState(handle, link):
+                continue
+            pci = nv.nvmlDeviceGetNvLinkRemotePciInfo(handle, link)
+        except nv.NVMLError_NotSupported:
+            continue
+        except nv.NVMLError_InvalidArgument:
+            break
+        kind = _optional(lambda link=link: nv.nvmlDeviceGetNvLinkRemoteDeviceType(handle, link), 0, nv)
+        links.append((normalize_bus_id(_text(pci.busId)), NVLINK_REMOTE_TYPES.get(int(kind), "unknown")))
+    return links
+
+
+def _topology(nv: Any, gpus: list[NvmlGpu]) -> None:
+    """Fill in every GPU's links, common ancestors and P2P status, read once; a query that fails leaves the
+    whole topology unknown (the plugin then chooses as it would without it)."""
+    try:
+        handles = [nv.nvmlDeviceGetHandleByIndex(g.index) for g in gpus]
+        links = [_nvlinks(nv, h) for h in handles]
+        levels = [[0 if a is b else int(nv.nvmlDeviceGetTopologyCommonAncestor(a, b)) for b in handles]
+                  for a in handles]
+        p2p = [[a is b or _optional(lambda a=a, b=b: nv.nvmlDeviceGetP2PStatus(a, b, P2P_CAPS_INDEX_READ), 1,
+                                    nv) == 0 for b in handles] for a in handles]
+    except nv.NVMLError:
+        return
+    for g, li, le, pp in zip(gpus, links, levels, p2p, strict=True):
+        g.nvlinks, g.pci_levels, g.p2p_ok = li, le, pp
+
+
 def query(library_path: str) -> NvmlReport:
     """Everything gpuhook needs from NVML, in one init/shutdown."""
     with bound_nvml(library_path) as nv:
         try:
             count = nv.nvmlDeviceGetCount()
+            gpus = [_gpu(nv, i) for i in range(count)]
+            _topology(nv, gpus)
             return NvmlReport(
                 driver_version=_text(nv.nvmlSystemGetDriverVersion()),
                 cuda_version=_cuda_version(nv),
-                gpus=[_gpu(nv, i) for i in range(count)],
+                gpus=gpus,
             )
         except nv.NVMLError as exc:
             raise DiscoveryError(f"NVML query failed ({library_path}): {exc}") from None

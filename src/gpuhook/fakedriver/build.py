@@ -68,14 +68,16 @@ def build_fake_driver(
     minors: Sequence[int] | None = None,
     uuid_salt: str = DEFAULT_UUID_SALT,
     merged_usr: bool = False,
+    nvlink: str = "none",
 ) -> FakeDriver:
     """Build a simulated NVIDIA driver install under `root` (absent or empty) and describe it.
 
     compat32 None builds the 32-bit libraries when `gcc -m32` works. `minors` gives GPU i the device minor
-    minors[i] (default i). `merged_usr` makes /lib, /bin, /sbin links into /usr, as on Debian 12.
+    minors[i] (default i). `merged_usr` makes /lib, /bin, /sbin links into /usr, as on Debian 12. `nvlink` is the
+    NVLink layout NVML reports (model.NVLINK_LAYOUTS: none, bridge pairs 0-1, 2-3, ..., or an NVSwitch box).
     """
-    validate(gpus, driver_version, cuda_version, mig, minors)
-    planned = plan_gpus(gpus, mig, minors, uuid_salt)  # raises ValueError when MIG devices do not fit
+    validate(gpus, driver_version, cuda_version, mig, minors, nvlink)
+    planned = plan_gpus(gpus, mig, minors, uuid_salt, nvlink)  # raises ValueError when MIG devices do not fit
     root = Path(root).absolute()
     _check_target(root)
     with_32 = gcc_supports_m32() if compat32 is None else compat32

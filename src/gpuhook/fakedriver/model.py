@@ -45,6 +45,18 @@ CAP_MODE = 0o444  # DeviceFileMode: 292
 # The BMC's VGA (ASPEED) is DRM card0 on a server, so the GPUs' cards start at 1.
 BMC_BUS_ID = "0000:03:00.0"
 _BUS_NUMBERS = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
+# NVLink layouts: none (PCIe only), bridge (NVLink bridges joining GPUs 0-1, 2-3, ... on PCIe cards), nvswitch
+# (an HGX box: every GPU's links go to the NVSwitches, all-to-all). Link counts as nvidia-smi shows them.
+NVLINK_LAYOUTS = ("none", "bridge", "nvswitch")
+BRIDGE_LINKS = 12  # NV12 between the two cards of a bridged pair (three bridges of 4 links)
+NVSWITCH_LINKS = 18  # H100 SXM: 18 links per GPU, spread over 4 NVSwitches (5, 5, 4, 4)
+NVSWITCH_BUS_IDS = ("0000:05:00.0", "0000:06:00.0", "0000:07:00.0", "0000:08:00.0")
+NVLINK_REMOTE_GPU = 0  # nvmlIntNvLinkDeviceType_t
+NVLINK_REMOTE_SWITCH = 2
+# nvmlGpuTopologyLevel_t: the fake's PCI tree puts each GPU behind its own root port; GPUs of one NUMA node meet at
+# the node's interconnect between host bridges, GPUs of different nodes across the SMP interconnect.
+TOPOLOGY_NODE = 40
+TOPOLOGY_SYSTEM = 50
 DRIVER_VERSION_RE = re.compile(r"\d+\.\d+(\.\d+)?")
 CUDA_VERSION_RE = re.compile(r"\d+\.\d+")
 
@@ -127,6 +139,7 @@ class FakeGpu:
     mig_devices: tuple[FakeMigDevice, ...]
     dri_card: int  # /dev/dri/card<N>
     dri_render: int  # /dev/dri/renderD<N>
+    nvlinks: tuple[tuple[str, int], ...] = ()  # (remote bus id, nvmlIntNvLinkDeviceType_t) per active link
 
     @property
     def node_path(self) -> str:
@@ -249,6 +262,25 @@ class FakeDriver:
             path.unlink(missing_ok=True)
 
 
+def nvlinks(index: int, gpus: int, layout: str) -> tuple[tuple[str, int], ...]:
+    """GPU `index`'s active NVLinks in `layout`: its bridge partner's bus id BRIDGE_LINKS times, or the
+    NVSwitches' bus ids (link l to switch l mod 4), or none."""
+    if layout == "bridge":
+        partner = index ^ 1
+        return ((bus_id(partner), NVLINK_REMOTE_GPU),) * BRIDGE_LINKS if partner < gpus else ()
+    if layout == "nvswitch" and gpus > 1:
+        return tuple((NVSWITCH_BUS_IDS[link % len(NVSWITCH_BUS_IDS)], NVLINK_REMOTE_SWITCH)
+                     for link in range(NVSWITCH_LINKS))
+    return ()
+
+
+def pci_level(a: FakeGpu, b: FakeGpu) -> int:
+    """nvmlDeviceGetTopologyCommonAncestor of two GPUs of the fake (0 for the same GPU)."""
+    if a.index == b.index:
+        return 0
+    return TOPOLOGY_NODE if a.numa_node == b.numa_node else TOPOLOGY_SYSTEM
+
+
 def bus_id(index: int) -> str:
     """Stable per index: 8 GPUs per PCI domain, so GPUs 8-15 exercise a non-zero domain."""
     return f"{index // 8:04x}:{_BUS_NUMBERS[index % 8]:02x}:00.0"
@@ -318,6 +350,7 @@ def validate(
     cuda_version: str,
     mig: Mapping[int, Sequence[str]] | None,
     minors: Sequence[int] | None,
+    nvlink: str = "none",
 ) -> None:
     """Reject bad parameters up front, naming the value."""
     if isinstance(gpus, bool) or not isinstance(gpus, int) or not 0 <= gpus <= MAX_GPUS:
@@ -334,6 +367,8 @@ def validate(
         for profile in profiles:
             if profile not in MIG_PROFILES:
                 raise ValueError(f"unknown MIG profile {profile!r} for GPU {index}; known: {', '.join(MIG_PROFILES)}")
+    if nvlink not in NVLINK_LAYOUTS:
+        raise ValueError(f"unknown NVLink layout {nvlink!r}; known: {', '.join(NVLINK_LAYOUTS)}")
     if minors is not None:
         if len(minors) != gpus or len(set(minors)) != gpus:
             raise ValueError(f"minors {list(minors)!r} must be {gpus} distinct numbers")
@@ -342,7 +377,8 @@ def validate(
 
 
 def plan_gpus(
-    gpus: int, mig: Mapping[int, Sequence[str]] | None, minors: Sequence[int] | None, salt: str
+    gpus: int, mig: Mapping[int, Sequence[str]] | None, minors: Sequence[int] | None, salt: str,
+    nvlink: str = "none",
 ) -> tuple[FakeGpu, ...]:
     mig = mig or {}
     result = []
@@ -363,6 +399,7 @@ def plan_gpus(
                 mig_devices=_mig_devices(index, minor, mig.get(index, ()), salt),
                 dri_card=index + 1,
                 dri_render=128 + index,
+                nvlinks=nvlinks(index, gpus, nvlink),
             )
         )
     return tuple(result)

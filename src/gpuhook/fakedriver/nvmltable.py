@@ -6,6 +6,7 @@ from pathlib import Path
 
 from gpuhook.fakedriver.compile import c_string
 from gpuhook.fakedriver.model import (
+    MAX_GPUS,
     MIG_PROFILES,
     NVML_ARCH,
     NVML_BRAND,
@@ -13,6 +14,7 @@ from gpuhook.fakedriver.model import (
     PCI_SUBSYSTEM_ID,
     FakeGpu,
     FakeMigDevice,
+    pci_level,
 )
 
 _MIB = 1 << 20
@@ -67,6 +69,26 @@ def _mig_row(mig: FakeMigDevice) -> str:
     return "    {" + ", ".join(fields) + "},"
 
 
+def _nvlink_rows(gpus: tuple[FakeGpu, ...]) -> tuple[list[str], list[int], list[int]]:
+    rows: list[str] = []
+    first, count = [0] * MAX_GPUS, [0] * MAX_GPUS
+    for gpu in gpus:
+        first[gpu.index], count[gpu.index] = len(rows), len(gpu.nvlinks)
+        for remote, kind in gpu.nvlinks:
+            domain, bus, rest = remote.split(":")
+            device, function = rest.split(".")
+            rows.append(f"    {{0x{domain}, 0x{bus}, 0x{device}, 0x{function}, {kind}}},")
+    return rows, first, count
+
+
+def _topology_rows(gpus: tuple[FakeGpu, ...]) -> list[str]:
+    levels = [[0] * MAX_GPUS for _ in range(MAX_GPUS)]
+    for a in gpus:
+        for b in gpus:
+            levels[a.index][b.index] = pci_level(a, b)
+    return ["    {" + ", ".join(str(v) for v in row) + "}," for row in levels]
+
+
 def table_source(root: Path, driver_version: str, cuda_version: str, cuda_int: int, gpus: tuple[FakeGpu, ...]) -> str:
     gpu_rows, mig_rows = [], []
     for gpu in gpus:
@@ -75,6 +97,8 @@ def table_source(root: Path, driver_version: str, cuda_version: str, cuda_int: i
     # An empty initializer list is not C99: keep one unused zero row.
     gpu_rows = gpu_rows or ["    {0},"]
     mig_rows = mig_rows or ["    {0},"]
+    link_rows, link_first, link_count = _nvlink_rows(gpus)
+    link_rows = link_rows or ["    {0},"]
     vis = '__attribute__((visibility("hidden")))'
     return "\n".join(
         [
@@ -90,6 +114,14 @@ def table_source(root: Path, driver_version: str, cuda_version: str, cuda_int: i
             f"{vis} const unsigned fake_mig_count = {sum(len(g.mig_devices) for g in gpus)};",
             f"{vis} const struct fake_mig fake_migs[] = {{",
             *mig_rows,
+            "};",
+            f"{vis} const unsigned fake_nvlink_first[FAKE_MAX_GPUS] = {{{', '.join(map(str, link_first))}}};",
+            f"{vis} const unsigned fake_nvlink_count[FAKE_MAX_GPUS] = {{{', '.join(map(str, link_count))}}};",
+            f"{vis} const struct fake_nvlink fake_nvlinks[] = {{",
+            *link_rows,
+            "};",
+            f"{vis} const unsigned char fake_topology[FAKE_MAX_GPUS][FAKE_MAX_GPUS] = {{",
+            *_topology_rows(gpus),
             "};",
             "",
         ]

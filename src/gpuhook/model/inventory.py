@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-INVENTORY_FORMAT = 1
+INVENTORY_FORMAT = 2  # 2: GPU-to-GPU topology (NVLinks, PCI common ancestors, P2P)
 
 
 def normalize_bus_id(bus_id: str) -> str:
@@ -63,6 +63,14 @@ class MigDevice:
 
 
 @dataclass(frozen=True)
+class NvLink:
+    """One active NVLink of a GPU: where its far end is. `remote_type` is NVML's: gpu, switch, ibmnpu, unknown."""
+
+    remote_bus_id: str  # 0000:2a:00.0 (normalised like Gpu.pci_bus_id)
+    remote_type: str = "gpu"
+
+
+@dataclass(frozen=True)
 class Gpu:
     index: int
     minor: int
@@ -78,6 +86,10 @@ class Gpu:
     node: DeviceNode | None = None  # /dev/nvidia<minor>
     dri_nodes: tuple[DeviceNode, ...] = ()  # /dev/dri/card<N>, renderD<N>
     proc_dir: str = ""  # canonical /proc/driver/nvidia/gpus/<bus id>
+    # GPU-to-GPU topology, read once at discovery (NVML only; empty when unknown, e.g. from procfs):
+    nvlinks: tuple[NvLink, ...] = ()  # the active NVLinks, in link order
+    pci_levels: tuple[int, ...] = ()  # NVML common-ancestor level to GPU i (by index); 0 for itself
+    p2p_ok: tuple[bool, ...] = ()  # NVML P2P read status to GPU i is OK (by index); True for itself
 
 
 @dataclass
@@ -119,9 +131,13 @@ class Inventory:
             d["mig_devices"] = tuple(mig(m) for m in d["mig_devices"])
             d["node"] = node(d["node"])
             d["dri_nodes"] = tuple(DeviceNode(**n) for n in d["dri_nodes"])
+            d["nvlinks"] = tuple(NvLink(**n) for n in d.get("nvlinks", ()))
+            d["pci_levels"] = tuple(int(v) for v in d.get("pci_levels", ()))
+            d["p2p_ok"] = tuple(bool(v) for v in d.get("p2p_ok", ()))
             return Gpu(**d)
 
-        fields = {k: v for k, v in data.items() if k != "format"}
+        # `topology` is the derived matrix `gpuhook info --json` adds (model/report.py), not stored state
+        fields = {k: v for k, v in data.items() if k not in ("format", "topology")}
         fields["gpus"] = [gpu(g) for g in data["gpus"]]
         fields["control_nodes"] = {k: DeviceNode(**v) for k, v in data["control_nodes"].items()}
         fields["mig_control_nodes"] = {k: DeviceNode(**v) for k, v in data["mig_control_nodes"].items()}

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
+from gpuhook.model import topology
 from gpuhook.model.edits import ContainerEdits
 from gpuhook.model.inventory import DeviceNode, Inventory
 
@@ -30,6 +31,7 @@ def format_inventory(inv: Inventory) -> str:
         for m in g.mig_devices:
             caps = ", ".join(_node(n) for n in m.cap_nodes)
             lines.append(f"     {m.name}: {m.uuid or '-'} {m.profile or '-'} gi={m.gi} ci={m.ci} [{caps}]")
+    lines += format_topology(inv)
     lines.append("control nodes:")
     for n in [*inv.control_nodes.values(), *inv.mig_control_nodes.values()]:
         lines.append(f"  {_node(n)}")
@@ -41,6 +43,27 @@ def format_inventory(inv: Inventory) -> str:
         lines.append(f"  {key} ({len(by_cap[key])}):")
         lines.extend(f"    {p}" for p in by_cap[key])
     return "\n".join(lines)
+
+
+def format_topology(inv: Inventory) -> list[str]:
+    """The GPU-to-GPU matrix as `nvidia-smi topo -m` prints it (NV# for NVLinks, else the common ancestor)."""
+    if not inv.gpus:
+        return []
+    if not topology.known(inv):
+        return ["topology: unknown (" + ("not read from NVML" if inv.source == "nvml" else "no NVML") + ")"]
+    names = [f"GPU{g.index}" for g in inv.gpus]
+    lines = ["topology:", "        " + "".join(f"{n:<6}" for n in names) + "NUMA"]
+    for g, row in zip(inv.gpus, topology.matrix(inv), strict=True):
+        numa = str(g.numa_node) if g.numa_node >= 0 else "N/A"
+        lines.append(f"  {names[g.index]:<6}" + "".join(f"{c:<6}" for c in row) + numa)
+    lines.append("  legend: " + "; ".join(f"{k} = {v}" for k, v in topology.LEGEND.items()))
+    return lines
+
+
+def topology_to_dict(inv: Inventory) -> dict[str, Any]:
+    """`gpuhook info --json`'s `topology`: the same matrix as the human output, and its legend."""
+    return {"known": topology.known(inv), "matrix": topology.matrix(inv) if topology.known(inv) else [],
+            "legend": dict(topology.LEGEND)}
 
 
 def edits_to_dict(edits: ContainerEdits) -> dict[str, Any]:

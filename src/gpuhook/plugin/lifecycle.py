@@ -103,7 +103,7 @@ class Plugin:
         self.monitor.start()
         for resource in resources:
             table = topology.build(inv, resource.devices, self.config.sys_root)
-            service = DevicePluginService(resource, self.board, table, self.config.options.list_strategies)
+            service = DevicePluginService(resource, self.board, table, self.config.options.list_strategies, inv)
             endpoint = Endpoint(service, os.path.join(self.config.kubelet_dir, resource.socket_name))
             endpoint.start()
             registrar = Registrar(self.kubelet_socket, resource.socket_name, resource.name)

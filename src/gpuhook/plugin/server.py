@@ -16,6 +16,7 @@ from concurrent import futures
 
 import grpc
 
+from gpuhook.model.inventory import Inventory
 from gpuhook.plugin import api_pb2 as pb
 from gpuhook.plugin import api_pb2_grpc as pb_grpc
 from gpuhook.plugin.allocate import AllocationError, allocate
@@ -32,13 +33,13 @@ STREAM_TICK = 1.0  # seconds a ListAndWatch stream sleeps before re-checking tha
 
 class DevicePluginService(pb_grpc.DevicePluginServicer):
     def __init__(self, resource: Resource, board: HealthBoard, table: dict[str, Place],
-                 strategies: Sequence[str]) -> None:
+                 strategies: Sequence[str], inventory: Inventory | None = None) -> None:
         self.resource = resource
         self.board = board
         self.table = table
         self.strategies = tuple(strategies)
         self.by_id = resource.by_id()
-        self.chooser = Chooser(resource.devices, table)
+        self.chooser = Chooser(resource.devices, table, inventory)  # the inventory's GPU links, read once
         self.stopped = threading.Event()
 
     # -- list ---------------------------------------------------------------------------------------------------

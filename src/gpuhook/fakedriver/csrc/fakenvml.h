@@ -34,6 +34,13 @@ struct fake_gpu {
     unsigned mig_count;
 };
 
+/* NVLink: the active links of each GPU (rows ordered by GPU) and the PCI tree. */
+#define FAKE_NVLINK_MAX_LINKS 18
+struct fake_nvlink {
+    unsigned domain, bus, device, function; /* the far end */
+    int remote_type;                         /* nvmlIntNvLinkDeviceType_t: 0 GPU, 2 NVSwitch */
+};
+
 extern const char fake_root[];
 extern const char fake_driver_version[];
 extern const char fake_nvml_version[];
@@ -42,5 +49,9 @@ extern const unsigned fake_gpu_count;
 extern const struct fake_gpu fake_gpus[];
 extern const unsigned fake_mig_count;
 extern const struct fake_mig fake_migs[];
+extern const unsigned fake_nvlink_first[FAKE_MAX_GPUS]; /* first row in fake_nvlinks per GPU */
+extern const unsigned fake_nvlink_count[FAKE_MAX_GPUS];
+extern const struct fake_nvlink fake_nvlinks[];
+extern const unsigned char fake_topology[FAKE_MAX_GPUS][FAKE_MAX_GPUS]; /* nvmlGpuTopologyLevel_t */
 
 #endif

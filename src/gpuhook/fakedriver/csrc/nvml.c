@@ -608,6 +608,142 @@ API nvmlReturn_t nvmlDeviceGetMemoryAffinity(nvmlDevice_t device, unsigned int n
     return NVML_SUCCESS;
 }
 
+/* ---- NVLink and the PCI tree -------------------------------------------- */
+
+/* A GPU without NVLink says NOT_SUPPORTED; a link number past the hardware's is INVALID_ARGUMENT;
+ * links the layout does not connect are inactive. */
+static nvmlReturn_t nvlink_row(const struct fake_gpu *g, unsigned link, const struct fake_nvlink **out)
+{
+    *out = NULL;
+    if (fake_nvlink_count[g->index] == 0)
+        return NVML_ERROR_NOT_SUPPORTED;
+    if (link >= FAKE_NVLINK_MAX_LINKS)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (link < fake_nvlink_count[g->index])
+        *out = &fake_nvlinks[fake_nvlink_first[g->index] + link];
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link, unsigned int *is_active)
+{
+    const struct fake_nvlink *l;
+    nvmlReturn_t r;
+    RESOLVE_GPU(device, g);
+    if (is_active == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    r = nvlink_row(g, link, &l);
+    if (r != NVML_SUCCESS)
+        return r;
+    *is_active = l != NULL;
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t active_link(nvmlDevice_t device, unsigned link, const struct fake_nvlink **out)
+{
+    const struct fake_gpu *g;
+    const struct fake_mig *m;
+    nvmlReturn_t r;
+    CHECK_INIT();
+    r = resolve(device, &g, &m);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (g == NULL)
+        return NVML_ERROR_NOT_SUPPORTED;
+    r = nvlink_row(g, link, out);
+    if (r == NVML_SUCCESS && *out == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT; /* an inactive link has no far end */
+    return r;
+}
+
+API nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device, unsigned int link, nvmlPciInfo_t *pci)
+{
+    const struct fake_nvlink *l;
+    nvmlReturn_t r;
+    if (pci == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    r = active_link(device, link, &l);
+    if (r != NVML_SUCCESS)
+        return r;
+    memset(pci, 0, sizeof *pci);
+    snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%04X:%02X:%02X.%X", l->domain, l->bus, l->device,
+             l->function);
+    snprintf(pci->busId, sizeof pci->busId, "%08X:%02X:%02X.%X", l->domain, l->bus, l->device, l->function);
+    pci->domain = l->domain;
+    pci->bus = l->bus;
+    pci->device = l->device;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo(nvmlDevice_t device, unsigned int link, nvmlPciInfo_t *pci)
+{
+    return nvmlDeviceGetNvLinkRemotePciInfo_v2(device, link, pci);
+}
+
+API nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t device, unsigned int link, int *type)
+{
+    const struct fake_nvlink *l;
+    nvmlReturn_t r;
+    if (type == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    r = active_link(device, link, &l);
+    if (r != NVML_SUCCESS)
+        return r;
+    *type = l->remote_type;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t device1, nvmlDevice_t device2, int *level)
+{
+    const struct fake_gpu *b;
+    const struct fake_mig *m;
+    nvmlReturn_t r;
+    RESOLVE_GPU(device1, a);
+    if (level == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    r = resolve(device2, &b, &m);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (b == NULL)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *level = fake_topology[a->index][b->index];
+    return NVML_SUCCESS;
+}
+
+/* Whether an NVLink joins two GPUs: directly, or through NVSwitches both reach. */
+static int nvlinked(const struct fake_gpu *a, const struct fake_gpu *b)
+{
+    for (unsigned i = 0; i < fake_nvlink_count[a->index]; i++) {
+        const struct fake_nvlink *l = &fake_nvlinks[fake_nvlink_first[a->index] + i];
+        if (l->remote_type == 0 && l->domain == b->domain && l->bus == b->bus && l->device == b->device)
+            return 1;
+        if (l->remote_type == 2)
+            for (unsigned k = 0; k < fake_nvlink_count[b->index]; k++) {
+                const struct fake_nvlink *o = &fake_nvlinks[fake_nvlink_first[b->index] + k];
+                if (o->remote_type == 2 && o->domain == l->domain && o->bus == l->bus && o->device == l->device)
+                    return 1;
+            }
+    }
+    return 0;
+}
+
+/* nvmlGpuP2PStatus_t: OK 0, NOT_SUPPORTED 5. Index 2 (NVLINK) needs an NVLink; the others go over PCIe. */
+API nvmlReturn_t nvmlDeviceGetP2PStatus(nvmlDevice_t device1, nvmlDevice_t device2, int index, int *status)
+{
+    const struct fake_gpu *b;
+    const struct fake_mig *m;
+    nvmlReturn_t r;
+    RESOLVE_GPU(device1, a);
+    if (status == NULL || index < 0 || index > 5)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    r = resolve(device2, &b, &m);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (b == NULL)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *status = (index == 2 && !nvlinked(a, b)) || index == 5 ? 5 : 0;
+    return NVML_SUCCESS;
+}
+
 /* ---- MIG ---------------------------------------------------------------- */
 
 API nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *current, unsigned int *pending)
