@@ -52,6 +52,7 @@ class LazyGroup(click.Group):
         "hook": "gpuhook.cli.hook:hook",
         "runtime": "gpuhook.cli.runtime:runtime",
         "device-plugin": "gpuhook.cli.plugin:device_plugin",
+        "labels": "gpuhook.cli.labels:labels",
         "doctor": "gpuhook.cli.doctor:doctor",
     }
 

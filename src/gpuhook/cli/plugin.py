@@ -50,13 +50,16 @@ def default_hook_path() -> str:
 @click.option("--health-interval", type=click.FloatRange(min=0.01), default=1.0, show_default=True,
               help="Seconds between device-node and GPU-handle checks.")
 @click.option("--sys-root", default="/sys", show_default=True, help="sysfs for NUMA nodes NVML does not give.")
+@click.option("--feature-file", default=None,
+              help="Keep an NFD feature file of GPU labels current, e.g. "
+                   "/etc/kubernetes/node-feature-discovery/features.d/gpuhook [default: none].")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True)
 def device_plugin(driver_root: str, dev_root: str | None, proc_root: str | None, discovery: str, kubelet_dir: str,
                   resource_name: str, device_list_strategy: str, device_id_strategy: str, mig_strategy: str,
                   replicas: int, cdi_spec_dir: str, host_driver_root: str | None, hook_path: str | None,
                   health_checks: str, ignored_xids: str, recovery_window: float, health_interval: float,
-                  sys_root: str, log_level: str) -> None:
+                  sys_root: str, feature_file: str | None, log_level: str) -> None:
     """Kubelet device plugin: advertise GPUs with health, answer Allocate with CDI device names."""
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -76,6 +79,7 @@ def device_plugin(driver_root: str, dev_root: str | None, proc_root: str | None,
         health=HealthConfig(enabled=health_checks == "on", ignored_xids=xids, recovery_window=recovery_window,
                             interval=health_interval),
         sys_root=sys_root,
+        feature_file=os.path.abspath(feature_file) if feature_file else None,
     )
     try:
         serve_forever(config, lambda: load_inventory(driver_root, dev_root, proc_root, discovery))

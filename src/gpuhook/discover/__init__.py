@@ -48,11 +48,12 @@ def _cap_node(roots: Roots, access_canonical: str) -> DeviceNode | None:
 
 
 def _mig_device(
-    roots: Roots, gpu_index: int, gpu_minor: int, index: int, uuid: str, gi: int, ci: int, profile: str
+    roots: Roots, gpu_index: int, gpu_minor: int, index: int, uuid: str, gi: int, ci: int, profile: str,
+    memory_mib: int = 0,
 ) -> MigDevice:
     gi_access, ci_access = procfs.mig_access_paths(gpu_minor, gi, ci)
     nodes = tuple(n for n in (_cap_node(roots, gi_access), _cap_node(roots, ci_access)) if n is not None)
-    return MigDevice(gpu_index, index, uuid, gi, ci, profile, gi_access, ci_access, nodes)
+    return MigDevice(gpu_index, index, uuid, gi, ci, profile, gi_access, ci_access, nodes, memory_mib)
 
 
 def _gpu(roots: Roots, index: int, minor: int, uuid: str, bus_id: str, **extra: object) -> Gpu:
@@ -76,7 +77,8 @@ def _from_nvml(roots: Roots, library: str) -> tuple[str, str, list[Gpu]]:
     report = nvml.query(library)
     gpus = []
     for g in report.gpus:
-        migs = [_mig_device(roots, g.index, g.minor, m.index, m.uuid, m.gi, m.ci, m.profile) for m in g.migs]
+        migs = [_mig_device(roots, g.index, g.minor, m.index, m.uuid, m.gi, m.ci, m.profile, m.memory_mib)
+                for m in g.migs]
         gpus.append(
             _gpu(
                 roots,
@@ -90,6 +92,7 @@ def _from_nvml(roots: Roots, library: str) -> tuple[str, str, list[Gpu]]:
                 brand=g.brand,
                 numa_node=g.numa_node,
                 mig_enabled=g.mig_enabled,
+                mig_capable=g.mig_capable,
                 migs=migs,
                 nvlinks=tuple(NvLink(bus, kind) for bus, kind in g.nvlinks),
                 pci_levels=tuple(g.pci_levels),
@@ -108,7 +111,8 @@ def _from_procfs(roots: Roots) -> tuple[str, str, list[Gpu]]:
             pairs = procfs.mig_instances(roots.proc_root, pg.minor)
             migs = [_mig_device(roots, index, pg.minor, i, "", gi, ci, "") for i, (gi, ci) in enumerate(pairs)]
             gpus.append(
-                _gpu(roots, index, pg.minor, pg.uuid, pg.bus_id, name=pg.model, mig_enabled=bool(migs), migs=migs)
+                _gpu(roots, index, pg.minor, pg.uuid, pg.bus_id, name=pg.model, mig_enabled=bool(migs),
+                     mig_capable=bool(migs), migs=migs)
             )
     else:
         for index, minor in enumerate(devnodes.gpu_minors(roots.dev_root)):

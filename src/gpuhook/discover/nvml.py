@@ -64,6 +64,7 @@ class NvmlGpu:
     numa_node: int
     mig_enabled: bool
     migs: list[NvmlMig] = field(default_factory=list)
+    mig_capable: bool = False
     nvlinks: list[tuple[str, str]] = field(default_factory=list)  # (remote bus id, remote type) per active link
     pci_levels: list[int] = field(default_factory=list)  # common-ancestor level to GPU i; [] when unknown
     p2p_ok: list[bool] = field(default_factory=list)
@@ -162,7 +163,8 @@ def _gpu(nv: Any, index: int) -> NvmlGpu:
     h = nv.nvmlDeviceGetHandleByIndex(index)
     pci = nv.nvmlDeviceGetPciInfo_v3(h)
     major, minor_cc = _optional(lambda: nv.nvmlDeviceGetCudaComputeCapability(h), (0, 0), nv)
-    current, _pending = _optional(lambda: nv.nvmlDeviceGetMigMode(h), (0, 0), nv)
+    mode = _optional(lambda: nv.nvmlDeviceGetMigMode(h), None, nv)  # NOT_SUPPORTED: not MIG-capable (GFD)
+    current, _pending = mode if mode is not None else (0, 0)
     mig_enabled = current == 1
     return NvmlGpu(
         index=index,
@@ -176,6 +178,7 @@ def _gpu(nv: Any, index: int) -> NvmlGpu:
         numa_node=int(_optional(lambda: nv.nvmlDeviceGetNumaNodeId(h), -1, nv)),
         mig_enabled=mig_enabled,
         migs=_migs(nv, h) if mig_enabled else [],
+        mig_capable=mode is not None,
     )
 
 

@@ -56,6 +56,7 @@ class MigDevice:
     gi_access: str  # canonical /proc/driver/nvidia/capabilities/gpu<minor>/mig/gi<g>/access
     ci_access: str
     cap_nodes: tuple[DeviceNode, ...] = ()  # /dev/nvidia-caps/nvidia-cap<N> for gi and ci
+    memory_mib: int = 0  # NVML only
 
     @property
     def name(self) -> str:
@@ -82,6 +83,7 @@ class Gpu:
     brand: str = ""  # tesla, nvidia, geforce, quadro, ...
     numa_node: int = -1
     mig_enabled: bool = False
+    mig_capable: bool = False  # NVML answers its MIG mode (procfs: only known when MIG is on)
     mig_devices: tuple[MigDevice, ...] = ()
     node: DeviceNode | None = None  # /dev/nvidia<minor>
     dri_nodes: tuple[DeviceNode, ...] = ()  # /dev/dri/card<N>, renderD<N>

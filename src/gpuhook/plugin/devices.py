@@ -137,7 +137,7 @@ def _devices(inv: Inventory, targets: Iterable[Target], opts: Options) -> tuple[
     return tuple(out)
 
 
-def _mig_resource_name(resource_name: str, profile: str) -> str:
+def mig_resource_name(resource_name: str, profile: str) -> str:
     """nvidia.com/mig-1g.10gb; a profile like 1g.10gb+me becomes mig-1g.10gb.me (resource names allow no '+')."""
     domain = resource_name.partition("/")[0]
     return f"{domain}/mig-" + re.sub(r"[^-A-Za-z0-9_.]", ".", profile)
@@ -181,7 +181,7 @@ def _mixed(inv: Inventory, opts: Options) -> list[Resource]:
             raise ConfigError(f"MIG strategy mixed: MIG device {mig.name} has no known profile (NVML needed)")
         by_profile.setdefault(mig.profile, []).append(mig)
     for profile in sorted(by_profile):
-        resources.append(Resource(_mig_resource_name(opts.resource_name, profile),
+        resources.append(Resource(mig_resource_name(opts.resource_name, profile),
                                   _devices(inv, by_profile[profile], opts)))
     return resources
 

@@ -3,7 +3,9 @@
 Order matters: kubelet's Register dials our socket before it answers, so every resource is served before it
 registers. A recreated `kubelet.sock` (kubelet restarted) means register again; our socket gone (kubelet wiped
 its directory) means serve again on a fresh socket, then register. SIGTERM/SIGINT stop serving and remove the
-sockets; SIGHUP re-discovers (a device change: new topology, new spec, new lists).
+sockets; SIGHUP re-discovers (a device change: new topology, new spec, new lists), and so does a new driver version in
+/proc/driver/nvidia/version (a driver upgrade). With a feature file, the GPU feature labels follow every
+re-discovery and every health change.
 """
 
 from __future__ import annotations
@@ -18,9 +20,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import FrameType
 
+from gpuhook.errors import GpuhookError
 from gpuhook.model.inventory import Inventory
 from gpuhook.plugin import cdispec, topology
 from gpuhook.plugin.devices import Options, Resource, plan
+from gpuhook.plugin.featurefile import FeatureFile
 from gpuhook.plugin.health import HealthConfig, HealthMonitor
 from gpuhook.plugin.registration import KUBELET_SOCKET, Registrar
 from gpuhook.plugin.server import DevicePluginService, Endpoint
@@ -31,6 +35,7 @@ log = logging.getLogger("gpuhook.plugin")
 
 DEFAULT_KUBELET_DIR = "/var/lib/kubelet/device-plugins"
 WATCH_TICK = 0.5  # seconds between checks when nothing wakes the watcher
+DRIVER_CHECK_INTERVAL = 2.0  # seconds between reads of the driver's version file (a driver upgrade reloads)
 
 
 @dataclass(frozen=True)
@@ -43,6 +48,7 @@ class PluginConfig:
     health: HealthConfig = field(default_factory=HealthConfig)
     sys_root: str = "/sys"
     nvml_library: str | None = None  # None: the driver root's libnvidia-ml.so.1
+    feature_file: str | None = None  # NFD features.d file kept current with the GPU feature labels
 
 
 @dataclass
@@ -77,6 +83,9 @@ class Plugin:
         self._stop = threading.Event()
         self._reload = threading.Event()
         self.kubelet_socket = os.path.join(config.kubelet_dir, KUBELET_SOCKET)
+        self.features = FeatureFile(config.feature_file, config.options) if config.feature_file else None
+        self.driver_version = ""  # what /proc/driver/nvidia/version said at the last discovery
+        self._driver_checked = 0.0
 
     # -- start / stop -------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -93,6 +102,8 @@ class Plugin:
                                            self.config.host_driver_root)
             log.info("wrote CDI spec %s", self.spec_path)
         self.inventory, self.resources = inv, resources
+        self.driver_version = self._read_driver_version()
+        self.update_features()
         devices = [d for r in resources for d in r.devices]
         library = self.config.nvml_library
         if library is None and self.config.health.enabled:
@@ -153,9 +164,10 @@ class Plugin:
                 self.watcher.wait(WATCH_TICK)
                 if self._stop.is_set():
                     break
-                if self._reload.is_set():
+                if self._reload.is_set() or self._driver_changed():
                     self._reload.clear()
                     self.reload()
+                self.update_features()
                 now = _identity(self.kubelet_socket)
                 restarted = now is not None and now != kubelet
                 kubelet = now
@@ -177,6 +189,33 @@ class Plugin:
             elif kubelet_since_ns is not None and not s.registrar.registered_since(kubelet_since_ns):
                 log.warning("%s: kubelet.sock recreated: registering again", s.resource.name)
                 s.registrar.request()
+
+    def update_features(self) -> None:
+        """Rewrite the feature file when the labels changed (inventory or health); cheap when they did not."""
+        if self.features is not None and self.inventory is not None:
+            self.features.update(self.inventory, self.board.unhealthy)
+
+    def _read_driver_version(self) -> str:
+        if self.inventory is None:
+            return ""
+        from gpuhook.discover import procfs
+
+        try:
+            return procfs.driver_version(self.inventory.proc_root)
+        except GpuhookError:
+            return ""
+
+    def _driver_changed(self) -> bool:
+        """A loaded driver whose version differs from the one discovered: an upgrade, so discover again."""
+        now = time.monotonic()
+        if now - self._driver_checked < DRIVER_CHECK_INTERVAL:
+            return False
+        self._driver_checked = now
+        current = self._read_driver_version()
+        if current and self.driver_version and current != self.driver_version:
+            log.warning("driver version changed from %s to %s", self.driver_version, current)
+            return True
+        return False
 
     def reload(self) -> None:
         """A device change: re-discover, recompute topology and the spec, serve and register the new lists."""

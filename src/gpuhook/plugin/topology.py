@@ -112,11 +112,11 @@ class Chooser:
                  ) -> None:
         self.order = {d.id: i for i, d in enumerate(devices)}
         self.key = {d.id: d.key for d in devices}
-        self.parent = {d.id: d.gpu_index for d in devices}
+        self.parent = {d.id: d.key[0] for d in devices}  # the GPU a device (MIG device, replica) lives on
         self.table = table
         self.replicated = any(d.replica > 0 for d in devices)
         self.links = Links.of(inv)
-        self.numa = {d.gpu_index: table[d.id].numa if d.id in table else -1 for d in devices}
+        self.numa = {d.key[0]: table[d.id].numa if d.id in table else -1 for d in devices}
 
     def choose(self, available: Sequence[str], must: Sequence[str], size: int) -> list[str]:
         must_list = list(dict.fromkeys(must))
