@@ -96,6 +96,14 @@ def test_info_shows_the_topology_matrix(fake_driver_factory: Any, capsys: pytest
     assert data["gpus"][0]["nvlinks"][0]["remote_bus_id"] == data["gpus"][1]["pci_bus_id"]
 
 
+def test_fake_driver_create_nvlink_option(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "nvswitch"
+    assert main(["fake-driver", "create", str(root), "--gpus", "3", "--nvlink", "nvswitch", "--no-compat32"]) == 0
+    capsys.readouterr()
+    assert main(["info", "--driver-root", str(root), "--proc-root", str(root / "proc"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["topology"]["matrix"][1] == ["NV18", "X", "NV18"]
+
+
 def test_fake_driver_create_rejects_an_unknown_layout(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["fake-driver", "create", str(tmp_path / "x"), "--nvlink", "ring"]) == 2
     assert "ring" in capsys.readouterr().err
