@@ -5,9 +5,11 @@ when a topology query fails. Here topology is a table built at plan time; choosi
 and any failure falls back to index order with a log line instead of an error.
 
 With the GPU-to-GPU topology discovery read from NVML (model/topology.py), the chooser scores every candidate
-set as NVIDIA's go-gpuallocator best-effort policy does, by the links among its members: the most NVLinks first,
-then the closest common PCI ancestor, then the fewest NUMA nodes, then the fewest NVLinks cut from the devices
-left over (so a request of one leaves bridged pairs whole); remaining ties go to the NUMA/PCI choice below.
+set by the links among its members, like NVIDIA's go-gpuallocator best-effort policy (which sums per-pair
+weights: 100 per NVLink, 10-60 by PCIe distance, and maximises over partitions of all free GPUs) but in strict
+order: the most NVLinks first, then the closest common PCI ancestors, then the fewest NUMA nodes, then the fewest
+NVLinks cut from the devices left over (so a request of one leaves bridged pairs whole, as the partition search
+does); remaining ties go to the NUMA/PCI choice below.
 MIG devices and replicas are scored by their parent GPU (MIG devices of one GPU count as closest of all).
 Without that topology (procfs discovery, an NVML that did not answer) the NUMA/PCI choice is the answer.
 """
