@@ -18,6 +18,7 @@ from gpuhook.fakedriver import (
     DEFAULT_CUDA_VERSION,
     DEFAULT_DRIVER_VERSION,
     DEFAULT_UUID_SALT,
+    Datacenter,
     FakeDriver,
     build_fake_driver,
     pynvml_bound,
@@ -28,7 +29,9 @@ from .e2e import need
 __all__ = [
     "FAKE_MIG_LAYOUT",
     "FakeDriverFactory",
+    "FAKE_DATACENTER",
     "fake_driver",
+    "fake_driver_datacenter",
     "fake_driver_factory",
     "fake_driver_mig",
     "fake_nvml",
@@ -36,6 +39,9 @@ __all__ = [
 
 # fake_driver_mig: 4 GPUs, MIG on GPU 1 only (GPU 0 and 2-3 whole), three MIG devices of two sizes.
 FAKE_MIG_LAYOUT: dict[int, list[str]] = {1: ["1g.10gb", "1g.10gb", "2g.20gb"]}
+
+# fake_driver_datacenter: IMEX channels 0 and 3 (no 1: a missing channel), 2 NVSwitches, GDS, one HCA, gdrcopy.
+FAKE_DATACENTER = Datacenter(imex_channels=(0, 3), nvswitches=2, gds=True, hcas=1, gdrcopy=True)
 
 FakeDriverFactory = Callable[..., FakeDriver]
 
@@ -57,7 +63,8 @@ def _key(
 @pytest.fixture(scope="session")
 def fake_driver_factory(tmp_path_factory: pytest.TempPathFactory) -> FakeDriverFactory:
     """factory(gpus=2, driver_version=..., cuda_version=..., mig=None, compat32=None, *, minors=None,
-    uuid_salt=..., merged_usr=False, nvlink="none", fresh=False) -> FakeDriver; identical requests share one build."""
+    uuid_salt=..., merged_usr=False, nvlink="none", datacenter=Datacenter(), fresh=False) -> FakeDriver;
+    identical requests share one build."""
     need(os.geteuid() == 0, "the fake driver needs root (mknod, ldconfig -r)")
     built: dict[tuple[Any, ...], FakeDriver] = {}
 
@@ -72,9 +79,11 @@ def fake_driver_factory(tmp_path_factory: pytest.TempPathFactory) -> FakeDriverF
         uuid_salt: str = DEFAULT_UUID_SALT,
         merged_usr: bool = False,
         nvlink: str = "none",
+        datacenter: Datacenter = Datacenter(),
         fresh: bool = False,
     ) -> FakeDriver:
-        options = {"minors": minors, "uuid_salt": uuid_salt, "merged_usr": merged_usr, "nvlink": nvlink}
+        options = {"minors": minors, "uuid_salt": uuid_salt, "merged_usr": merged_usr, "nvlink": nvlink,
+                   "datacenter": datacenter}
         key = _key(gpus, driver_version, cuda_version, mig, compat32, options)
         if not fresh and key in built:
             built[key].reset_controls()
@@ -91,6 +100,7 @@ def fake_driver_factory(tmp_path_factory: pytest.TempPathFactory) -> FakeDriverF
             uuid_salt=uuid_salt,
             merged_usr=merged_usr,
             nvlink=nvlink,
+            datacenter=datacenter,
         )
         if not fresh:
             built[key] = fake
@@ -109,6 +119,12 @@ def fake_driver(fake_driver_factory: FakeDriverFactory) -> FakeDriver:
 def fake_driver_mig(fake_driver_factory: FakeDriverFactory) -> FakeDriver:
     """4 GPUs, GPU 1 in MIG mode with FAKE_MIG_LAYOUT (shared; controls reset)."""
     return fake_driver_factory(gpus=4, mig=FAKE_MIG_LAYOUT)
+
+
+@pytest.fixture
+def fake_driver_datacenter(fake_driver_factory: FakeDriverFactory) -> FakeDriver:
+    """2 GPUs plus FAKE_DATACENTER's nodes (shared; controls reset)."""
+    return fake_driver_factory(datacenter=FAKE_DATACENTER)
 
 
 @pytest.fixture

@@ -92,6 +92,8 @@ def info(driver_root: str, dev_root: str | None, proc_root: str | None, discover
 @root_options
 @click.option("--devices", default="all", show_default=True, help="As NVIDIA_VISIBLE_DEVICES.")
 @click.option("--capabilities", default="", help="As NVIDIA_DRIVER_CAPABILITIES [default: utility,compute].")
+@click.option("--env", "extra_env", multiple=True, metavar="NAME=VALUE",
+              help="More of the container's environment, e.g. NVIDIA_IMEX_CHANNELS=3 or NVIDIA_GDS=enabled.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def list_cmd(
     driver_root: str,
@@ -100,6 +102,7 @@ def list_cmd(
     discovery: str,
     devices: str,
     capabilities: str,
+    extra_env: tuple[str, ...],
     as_json: bool,
 ) -> None:
     """Exactly what a container asking for --devices/--capabilities would receive."""
@@ -112,6 +115,7 @@ def list_cmd(
     env = [f"NVIDIA_VISIBLE_DEVICES={devices}"]
     if capabilities:
         env.append(f"NVIDIA_DRIVER_CAPABILITIES={capabilities}")
+    env += extra_env
     request = parse_request(env, privileged=True)
     edits = plan(inv, resolve(inv, request))
     click.echo(json.dumps(edits_to_dict(edits), indent=2) if as_json else format_edits(edits))

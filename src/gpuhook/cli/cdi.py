@@ -12,6 +12,7 @@ import sys
 import click
 
 from gpuhook.cdi.errors import CdiError
+from gpuhook.cdi.kinds import MODES as KIND_MODES
 from gpuhook.cdi.names import DEFAULT_NAME_STRATEGIES, NAME_STRATEGIES
 from gpuhook.cli.app import load_inventory, root_options
 
@@ -37,7 +38,11 @@ def default_hook_path() -> str:
 @click.option("--format", "fmt", type=click.Choice(["yaml", "json"]), default=None,
               help="Output format [default: json for a .json output file, else yaml].")
 @click.option("--vendor", default="nvidia.com", show_default=True, help="Vendor part of the CDI kind.")
-@click.option("--class", "cls", default="gpu", show_default=True, help="Class part of the CDI kind.")
+@click.option("--mode", type=click.Choice(KIND_MODES), default="gpu", show_default=True,
+              help="Which kind of spec (one spec per kind, as nvidia-ctk's --mode): GPUs, IMEX channels "
+                   "(nvidia.com/imex-channel), or a gated family (nvidia.com/<mode>=all).")
+@click.option("--class", "cls", default=None,
+              help="Class part of the CDI kind [default: gpu, imex-channel or the mode's name].")
 @click.option("--device-name-strategy", "strategies", multiple=True, type=click.Choice(NAME_STRATEGIES),
               help="How devices are named; repeatable [default: index and uuid].")
 @click.option("--hook-path", default=None, metavar="PATH",
@@ -50,18 +55,25 @@ def default_hook_path() -> str:
 @click.option("--poll-interval", type=click.FloatRange(min=0.05), default=10.0, show_default=True, metavar="S",
               help="With --watch: also check every S seconds (procfs changes send no inotify events).")
 def generate_cdi(driver_root: str, dev_root: str | None, proc_root: str | None, discovery: str,
-                 output: str | None, fmt: str | None, vendor: str, cls: str, strategies: tuple[str, ...],
+                 output: str | None, fmt: str | None, mode: str, vendor: str, cls: str | None,
+                 strategies: tuple[str, ...],
                  hook_path: str | None, cdi_version: str | None, watch: bool, poll_interval: float) -> None:
-    """Write a CDI spec for every GPU and MIG device the driver offers (plus `all`)."""
+    """Write a CDI spec for every GPU and MIG device the driver offers (plus `all`), or with --mode for the IMEX
+    channels or a gated device family."""
     from gpuhook.cdi import codec
+    from gpuhook.cdi.kinds import DEFAULT_CLASS, build_mode_spec
     from gpuhook.cdi.spec import build_spec
     from gpuhook.cdi.validate import validate_spec
 
-    hook = os.path.abspath(hook_path) if hook_path else default_hook_path()
+    hook = "" if mode != "gpu" else os.path.abspath(hook_path) if hook_path else default_hook_path()
 
     def render(inv: Inventory, devices: list[str] | None = None) -> str:
-        spec = build_spec(inv, vendor=vendor, cls=cls, name_strategies=strategies or DEFAULT_NAME_STRATEGIES,
-                          hook_path=hook, devices=devices, cdi_version=cdi_version)
+        if mode != "gpu":
+            spec = build_mode_spec(inv, mode, vendor=vendor, cls=cls, cdi_version=cdi_version)
+        else:
+            spec = build_spec(inv, vendor=vendor, cls=cls or DEFAULT_CLASS[mode],
+                              name_strategies=strategies or DEFAULT_NAME_STRATEGIES, hook_path=hook,
+                              devices=devices, cdi_version=cdi_version)
         problems = validate_spec(spec, "generated spec", schema=False)
         if problems:  # a bug here, never the user's: refuse to write a spec runtimes would reject
             raise CdiError(f"refusing to write an invalid spec: {problems[0]}")

@@ -10,6 +10,7 @@ import click
 
 from gpuhook.fakedriver.build import build_fake_driver
 from gpuhook.fakedriver.compile import CompileError
+from gpuhook.fakedriver.datacenter import MAX_HCAS, MAX_NVSWITCHES, Datacenter
 from gpuhook.fakedriver.model import (
     CUDA_VERSION_RE,
     DEFAULT_CUDA_VERSION,
@@ -43,6 +44,13 @@ def _parse_mig(ctx: click.Context, param: click.Parameter, values: tuple[str, ..
     return result
 
 
+def _parse_channels(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:
+    items = [i.strip() for i in value.split(",") if i.strip()]
+    if not all(i.isascii() and i.isdigit() and len(i) <= 8 for i in items):
+        raise click.BadParameter(f"{value!r} is not a comma list of channel numbers (e.g. 0,3)")
+    return tuple(int(i) for i in items)
+
+
 def _version(pattern: re.Pattern[str], example: str) -> Callable[[click.Context, click.Parameter, str], str]:
     def check(ctx: click.Context, param: click.Parameter, value: str) -> str:
         if not pattern.fullmatch(value):
@@ -60,6 +68,10 @@ def summary(fake: FakeDriver) -> str:
         f"  {len(fake.gpus)} GPUs, {len(fake.mig_devices)} MIG devices, {libs64} libraries{extra}, "
         f"{len(fake.binaries)} binaries, {len(fake.nodes)} device nodes",
     ]
+    extra = [n.path for n in fake.nodes if not n.path.startswith(("/dev/nvidia", "/dev/dri/"))
+             or n.path.startswith(("/dev/nvidia-caps-imex", "/dev/nvidia-nvswitch", "/dev/nvidia-fs"))]
+    if extra:
+        lines.append(f"  datacenter nodes: {', '.join(extra)}")
     for g in fake.gpus:
         mig = "  MIG enabled" if g.mig_enabled else ""
         lines.append(f"  GPU {g.index}  /dev/nvidia{g.minor}  {g.pci_bus_id}  {g.uuid}{mig}")
@@ -97,16 +109,27 @@ def fake_driver() -> None:
 @click.option("--compat32/--no-compat32", default=None, help="Build the 32-bit libraries [default: if gcc -m32 works].")
 @click.option("--nvlink", type=click.Choice(NVLINK_LAYOUTS), default="none", show_default=True,
               help="NVLink layout: none, bridge (pairs 0-1, 2-3, ... NV12), nvswitch (all-to-all, NV18).")
+@click.option("--imex-channels", default="", metavar="N[,N...]", callback=_parse_channels,
+              help="Make these IMEX channel nodes (/dev/nvidia-caps-imex-channels/channel<N>).")
+@click.option("--nvswitches", type=click.IntRange(0, MAX_NVSWITCHES), default=0, show_default=True,
+              help="NVSwitch nodes: /dev/nvidia-nvswitchctl and /dev/nvidia-nvswitch0..N-1.")
+@click.option("--gds", is_flag=True, help="GPUDirect Storage: /dev/nvidia-fs0..15, /etc/cufile.json, /run/udev.")
+@click.option("--rdma-hcas", "hcas", type=click.IntRange(0, MAX_HCAS), default=0, show_default=True,
+              help="RDMA (MOFED): /dev/infiniband/uverbs0..N-1 and /dev/infiniband/rdma_cm.")
+@click.option("--gdrcopy", is_flag=True, help="gdrcopy: /dev/gdrdrv.")
 def create(
     directory: Path, gpus: int, driver_version: str, cuda_version: str, mig: dict[int, list[str]],
-    compat32: bool | None, nvlink: str,
+    compat32: bool | None, nvlink: str, imex_channels: tuple[int, ...], nvswitches: int, gds: bool, hcas: int,
+    gdrcopy: bool,
 ) -> None:
     """Build a fake driver root in DIRECTORY (absent or empty)."""
     for gpu in mig:
         if gpu >= gpus:
             raise click.BadParameter(f"GPU {gpu} does not exist (--gpus {gpus})", param_hint="--mig")
     try:
-        fake = build_fake_driver(directory, gpus, driver_version, cuda_version, mig, compat32, nvlink=nvlink)
+        datacenter = Datacenter(imex_channels, nvswitches, gds, hcas, gdrcopy)
+        fake = build_fake_driver(directory, gpus, driver_version, cuda_version, mig, compat32, nvlink=nvlink,
+                                 datacenter=datacenter)
     except ValueError as e:
         raise click.UsageError(str(e)) from e
     except (PermissionError, CompileError, RuntimeError) as e:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from gpuhook.discover import devnodes, procfs
+from gpuhook.discover import datacenter, devnodes, procfs
 from gpuhook.discover.driverfiles import all_files, ldcache_index
 from gpuhook.discover.fingerprint import fingerprint
 from gpuhook.discover.roots import Roots, join, resolve_in_root
@@ -166,6 +166,7 @@ def discover(roots: Roots, method: str = "auto", mps_pipe_dir: str | None = None
     if mps_pipe_dir is None:
         mps_pipe_dir = os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or None
     params = os.path.join(roots.proc_root, "driver/nvidia/params")
+    gated = datacenter.gated_nodes(roots.dev_root)
     return Inventory(
         driver_version=version,
         cuda_version=cuda,
@@ -180,4 +181,8 @@ def discover(roots: Roots, method: str = "auto", mps_pipe_dir: str | None = None
         params_host_path=params if os.path.exists(params) else "",
         fingerprint=fingerprint(roots),
         notes=reasons,
+        imex_major=devnodes.devices_major(roots.proc_root, catalogue.IMEX_DEVICES_NAME),
+        imex_channels=datacenter.imex_channels(roots.dev_root),
+        gated_nodes=gated,
+        gated_mounts=datacenter.gated_mounts(roots.driver_root, gated),
     )

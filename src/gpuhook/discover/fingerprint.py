@@ -57,6 +57,10 @@ def fingerprint(roots: Roots) -> str:
     dev = join(roots.dev_root, "/dev")
     h.update(("|".join(n for n in _listdir(dev) if n.startswith("nvidia"))).encode())
     h.update(("|".join(_listdir(os.path.join(dev, "nvidia-caps")))).encode())
+    # Datacenter nodes come and go without a driver change (an admin makes IMEX channels, RDMA modules load).
+    h.update(("|".join(_listdir(os.path.join(dev, "nvidia-caps-imex-channels")))).encode())
+    h.update(("|".join(_listdir(os.path.join(dev, "infiniband")))).encode())
+    h.update(str(os.path.exists(os.path.join(dev, "gdrdrv"))).encode())
     h.update(("|".join(_listdir(os.path.join(roots.proc_root, "driver/nvidia/gpus")))).encode())
     h.update(("|".join(_mig_layout(roots.proc_root))).encode())
     h.update(f"{roots.driver_root}|{roots.dev_root}|{roots.proc_root}".encode())

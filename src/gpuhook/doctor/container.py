@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuhook.doctor import datacenter
 from gpuhook.doctor.model import INFO, OK, PROBLEM, Finding
 from gpuhook.errors import RequestError, RequirementError
 from gpuhook.hook.config import Config
@@ -22,6 +23,7 @@ from gpuhook.model.request import (
     CDI_ANNOTATION_PREFIX,
     DISABLE_REQUIRE,
     DRIVER_CAPABILITIES,
+    IMEX_CHANNELS,
     LEGACY_CUDA_VERSION,
     VISIBLE_DEVICES,
     VOLUME_MOUNT_DIR,
@@ -109,6 +111,9 @@ def _request_fix(message: str) -> str:
     if "capability" in message:
         return (f"set NVIDIA_DRIVER_CAPABILITIES to a comma list of {', '.join(catalogue.CAPABILITIES)} or all "
                 "(or add the capability to supported-capabilities in the config)")
+    if "IMEX" in message:
+        return (f"set {IMEX_CHANNELS} to a comma list of channel numbers "
+                f"(0..{catalogue.IMEX_CHANNEL_MAX}), channel<N>, or all")
     if "privileged" in message:
         return "run the container with CAP_SYS_ADMIN, or drop NVIDIA_MIG_CONFIG_DEVICES/NVIDIA_MIG_MONITOR_DEVICES"
     return "correct the variable named above"
@@ -196,6 +201,10 @@ def explain(inp: ContainerInput, inv: Inventory | None, config: Config) -> tuple
                           "notes": list(request.notes)}
     if not request.wants_gpu_setup:
         summary["outcome"] = _why_nothing(steps, request, inp, config)
+        ignored = datacenter.asked_without_gpu(env)
+        if ignored:
+            steps.add(INFO, f"{', '.join(ignored)} ignored too: datacenter devices come only with a GPU request "
+                            "(as in NVIDIA's hook)")
         return steps.findings, summary
     steps.add(OK, _request_line(request))
     if inv is None:
@@ -204,8 +213,9 @@ def explain(inp: ContainerInput, inv: Inventory | None, config: Config) -> tuple
     try:
         selection = resolve(inv, request)
     except RequestError as exc:
-        steps.add(PROBLEM, f"the start would fail: {exc}",
-                  f"{VISIBLE_DEVICES}=<comma list of: {', '.join(_names(inv))}>")
+        fix = (datacenter.imex_fix(inv) if "IMEX" in str(exc)
+               else f"{VISIBLE_DEVICES}=<comma list of: {', '.join(_names(inv))}>")
+        steps.add(PROBLEM, f"the start would fail: {exc}", fix)
         return steps.findings, summary
     line, detail = _selection_line(inv, request, selection.devices)
     steps.add(OK, line, detail=detail)
@@ -214,6 +224,8 @@ def explain(inp: ContainerInput, inv: Inventory | None, config: Config) -> tuple
     failed = _requirements(steps, inv, request, env, selection.devices)
     if failed:
         return steps.findings, summary
+    for ok, message, fix in datacenter.lines(inv, request, selection):
+        steps.add(OK if ok else PROBLEM, message, fix)
     edits = plan(inv, selection)
     summary["edits"] = edits_to_dict(edits)
     summary["outcome"] = "inject"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from gpuhook.fakedriver.build import build_fake_driver
 from gpuhook.fakedriver.compile import CompileError, cache_dir, gcc_supports_m32
+from gpuhook.fakedriver.datacenter import Datacenter
 from gpuhook.fakedriver.model import (
     DEFAULT_CUDA_VERSION,
     DEFAULT_DRIVER_VERSION,
@@ -30,6 +31,7 @@ __all__ = [
     "MAX_GPUS",
     "MIG_PROFILES",
     "CompileError",
+    "Datacenter",
     "FakeDriver",
     "FakeGpu",
     "FakeLibrary",

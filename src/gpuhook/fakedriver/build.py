@@ -15,6 +15,7 @@ from pathlib import Path
 
 from gpuhook.fakedriver import procfs
 from gpuhook.fakedriver.compile import Artifact, c_string, ensure_built, gcc_supports_m32, link_nvml
+from gpuhook.fakedriver.datacenter import Datacenter
 from gpuhook.fakedriver.model import (
     BMC_BUS_ID,
     CAP_MODE,
@@ -69,14 +70,17 @@ def build_fake_driver(
     uuid_salt: str = DEFAULT_UUID_SALT,
     merged_usr: bool = False,
     nvlink: str = "none",
+    datacenter: Datacenter = Datacenter(),
 ) -> FakeDriver:
     """Build a simulated NVIDIA driver install under `root` (absent or empty) and describe it.
 
     compat32 None builds the 32-bit libraries when `gcc -m32` works. `minors` gives GPU i the device minor
     minors[i] (default i). `merged_usr` makes /lib, /bin, /sbin links into /usr, as on Debian 12. `nvlink` is the
     NVLink layout NVML reports (model.NVLINK_LAYOUTS: none, bridge pairs 0-1, 2-3, ..., or an NVSwitch box).
+    `datacenter` adds IMEX channels, NVSwitches, GDS, RDMA and gdrcopy nodes (with their /proc/devices lines).
     """
     validate(gpus, driver_version, cuda_version, mig, minors, nvlink)
+    datacenter.validate()
     planned = plan_gpus(gpus, mig, minors, uuid_salt, nvlink)  # raises ValueError when MIG devices do not fit
     root = Path(root).absolute()
     _check_target(root)
@@ -84,6 +88,8 @@ def build_fake_driver(
     if with_32 and not gcc_supports_m32():
         raise ValueError("compat32=True needs `gcc -m32` (install gcc-multilib)")
     fake = _describe(root, planned, driver_version, cuda_version, with_32, uuid_salt)
+    fake = dataclasses.replace(fake, nodes=fake.nodes + datacenter.nodes(), char_devices=datacenter.char_devices(),
+                               extra_files=tuple(datacenter.files().items()))
     artifacts = _artifacts(fake)
     ensure_built([*artifacts.values(), *(_nvml_core(b) for b in _bits(fake))])
     _write_tree(fake, artifacts, merged_usr)
@@ -332,6 +338,8 @@ def _write_data_files(fake: FakeDriver) -> None:
         _put(fake, path, b"\x7fELF\x02\x01\x01" + bytes(4089))
     for path, content in _configs(fake.driver_version).items():
         _put(fake, path, content)
+    for path, text in fake.extra_files:
+        _put(fake, path, text)
 
 
 def _write_nodes(fake: FakeDriver) -> None:
@@ -350,7 +358,7 @@ def _write_proc(fake: FakeDriver) -> None:
     base = "/proc/driver/nvidia"
     _put(fake, f"{base}/version", procfs.version_text(fake.driver_version), 0o444)
     _put(fake, f"{base}/params", procfs.params_text(), 0o444)
-    _put(fake, "/proc/devices", procfs.devices_text(), 0o444)
+    _put(fake, "/proc/devices", procfs.devices_text(fake.char_devices), 0o444)
     _put(fake, "/proc/driver/nvidia-caps/mig-minors", procfs.mig_minors_text(), 0o444)
     _put(fake, f"{base}/capabilities/mig/config", procfs.cap_text(MIG_CONFIG_MINOR, MIG_CONFIG_MODE), 0o444)
     _put(fake, f"{base}/capabilities/mig/monitor", procfs.cap_text(MIG_MONITOR_MINOR, CAP_MODE), 0o444)

@@ -186,6 +186,8 @@ class FakeDriver:
     ipc: tuple[str, ...] = ()
     nodes: tuple[FakeNode, ...] = ()
     proc_files: tuple[str, ...] = ()
+    char_devices: tuple[tuple[int, str], ...] = ()  # /proc/devices lines beyond the GPU driver's own
+    extra_files: tuple[tuple[str, str], ...] = ()  # (canonical path, text) of datacenter files (GDS)
     uuid_salt: str = field(default=DEFAULT_UUID_SALT, compare=False)
 
     def host_path(self, canonical: str) -> Path:

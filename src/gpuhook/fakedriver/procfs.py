@@ -151,9 +151,9 @@ def mig_minors_text(max_gpus: int = 32) -> str:
     return "\n".join(lines) + "\n"
 
 
-def devices_text() -> str:
-    """fs/proc/devices.c: "%3d %s\\n" per driver, sorted by major, char then block."""
-    chars = sorted(_OTHER_CHAR_DEVICES + _NVIDIA_CHAR_DEVICES, key=lambda d: d[0])
+def devices_text(extra: tuple[tuple[int, str], ...] = ()) -> str:
+    """fs/proc/devices.c: "%3d %s\\n" per driver, sorted by major, char then block; `extra` adds char drivers."""
+    chars = sorted(_OTHER_CHAR_DEVICES + _NVIDIA_CHAR_DEVICES + extra, key=lambda d: d[0])
     lines = ["Character devices:"] + [f"{major:3d} {name}" for major, name in chars]
     lines += ["", "Block devices:"] + [f"{major:3d} {name}" for major, name in _BLOCK_DEVICES]
     return "\n".join(lines) + "\n"

@@ -102,6 +102,8 @@ BINARIES: tuple[BinarySpec, ...] = (
     BinarySpec("nvidia-debugdump", "utility"),
     BinarySpec("nvidia-persistenced", "utility"),
     BinarySpec("nv-fabricmanager", "utility"),
+    BinarySpec("nvidia-imex", "utility"),  # the IMEX daemon and its control client (multi-node NVLink)
+    BinarySpec("nvidia-imex-ctl", "utility"),
     BinarySpec("nvidia-cuda-mps-control", "compute"),
     BinarySpec("nvidia-cuda-mps-server", "compute"),
 )
@@ -144,6 +146,32 @@ UVM_NODES: tuple[str, ...] = ("nvidia-uvm", "nvidia-uvm-tools")
 NVIDIA_MAJOR = 195
 DRI_MAJOR = 226
 CAPS_DIR = "nvidia-caps"
+
+# IMEX channels: /dev/nvidia-caps-imex-channels/channel<N>, minor N, major from /proc/devices (dynamic).
+IMEX_CHANNEL_DIR = "/dev/nvidia-caps-imex-channels"
+IMEX_CHANNEL_PREFIX = "channel"
+IMEX_DEVICES_NAME = "nvidia-caps-imex-channels"
+IMEX_CHANNEL_MAX = (1 << 20) - 1  # the driver's channel count
+
+
+@dataclass(frozen=True)
+class GatedDevices:
+    """A device family a container gets only on request (contract.GATED_DEVICE_ENV), as NVIDIA's
+    internal/discover/{nvswitch,gds,mofed,gdrcopy}.go find them: node globs under the dev root, and files under the
+    driver root that are mounted read-only only when at least one node was found (gds.go does so)."""
+
+    name: str
+    node_globs: tuple[str, ...]  # canonical; a glob only in the last component
+    mounts: tuple[str, ...] = ()
+    devices_name: str = ""  # the /proc/devices name of its (dynamic) major, for `info`
+
+
+GATED: tuple[GatedDevices, ...] = (
+    GatedDevices("nvswitch", ("/dev/nvidia-nvswitchctl", "/dev/nvidia-nvswitch*"), devices_name="nvidia-nvswitch"),
+    GatedDevices("gds", ("/dev/nvidia-fs*",), ("/run/udev", "/etc/cufile.json"), devices_name="nvidia-fs"),
+    GatedDevices("mofed", ("/dev/infiniband/uverbs*", "/dev/infiniband/rdma_cm"), devices_name="infiniband_verbs"),
+    GatedDevices("gdrcopy", ("/dev/gdrdrv",), devices_name="gdrdrv"),
+)
 
 # Which capabilities pull in which others' files (DESIGN.md: video implies compute, display = graphics + modeset).
 CAPABILITY_IMPLIES: dict[str, tuple[str, ...]] = {"video": ("compute",), "display": ("graphics",)}

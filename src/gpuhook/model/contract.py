@@ -14,6 +14,19 @@ LEGACY_CUDA_VERSION = "CUDA_VERSION"  # set by CUDA images older than NVIDIA_VIS
 VOLUME_MOUNT_DIR = "/var/run/nvidia-container-devices"  # a /dev/null mount at <dir>/<id> requests <id>
 CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
 CDI_KIND = "nvidia.com/gpu"
+# Datacenter devices, honoured only in a GPU container (NVIDIA's hook and its feature-gated modifier likewise skip
+# a container that asks for no GPU), so has_gpu_signal needs no clause for them.
+IMEX_CHANNELS = "NVIDIA_IMEX_CHANNELS"  # comma list of channel ids, channel<N>, or all
+IMEX_VOLUME_MOUNT_DIR = VOLUME_MOUNT_DIR + "/imex"  # a /dev/null mount at <dir>/<id> requests channel <id>
+IMEX_CDI_CLASS = "imex-channel"  # nvidia-ctk's class for IMEX channels: nvidia.com/imex-channel=<id>
+ENABLED = "enabled"  # the one value that turns a gated device family on
+# Gated device families: name (also the CDI class, as nvidia-ctk's modes: nvidia.com/<name>=all) -> variable.
+GATED_DEVICE_ENV: dict[str, str] = {
+    "nvswitch": "NVIDIA_NVSWITCH",
+    "gds": "NVIDIA_GDS",
+    "mofed": "NVIDIA_MOFED",
+    "gdrcopy": "NVIDIA_GDRCOPY",
+}
 
 
 def has_gpu_signal(env: list[str], mounts: list[dict[str, object]], annotations: dict[str, str]) -> bool:

@@ -94,6 +94,8 @@ class Selection:
     capabilities: frozenset[str] = frozenset(catalogue.DEFAULT_CAPABILITIES)
     mig_config: bool = False
     mig_monitor: bool = False
+    imex_channels: tuple[DeviceNode, ...] = ()  # the host's channel nodes, resolved from the request
+    gated: tuple[str, ...] = ()  # catalogue.GATED names asked for (what the host has of them is added)
 
 
 def _parent(inv: Inventory, device: Gpu | MigDevice) -> Gpu:
@@ -173,8 +175,21 @@ def common_edits(
     )
 
 
+def imex_edits(channels: Iterable[DeviceNode]) -> ContainerEdits:
+    """IMEX channel nodes: nothing else (nvidia-ctk's imex-channel devices carry only their node)."""
+    return ContainerEdits(device_nodes=list(channels))
+
+
+def gated_edits(inv: Inventory, name: str) -> ContainerEdits:
+    """One gated family (catalogue.GATED): the nodes the host has and, with them, its read-only mounts."""
+    nodes = inv.gated_nodes.get(name, [])
+    files = inv.gated_mounts.get(name, []) if nodes else []
+    return ContainerEdits(device_nodes=list(nodes), mounts=[_mount(f) for f in files])
+
+
 def plan(inv: Inventory, selection: Selection) -> ContainerEdits:
     """Everything one container gets for `selection`: the hook's and `gpuhook list`'s single source."""
     caps = selection.capabilities
     common = common_edits(inv, caps, mig_config=selection.mig_config, mig_monitor=selection.mig_monitor)
-    return merge_all([*(device_edits(inv, d, caps) for d in selection.devices), common])
+    extra = [imex_edits(selection.imex_channels), *(gated_edits(inv, name) for name in selection.gated)]
+    return merge_all([*(device_edits(inv, d, caps) for d in selection.devices), common, *extra])

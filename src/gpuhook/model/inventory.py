@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-INVENTORY_FORMAT = 2  # 2: GPU-to-GPU topology (NVLinks, PCI common ancestors, P2P)
+INVENTORY_FORMAT = 3  # 2: GPU-to-GPU topology (NVLinks, PCI common ancestors, P2P); 3: IMEX channels, gated devices
 
 
 def normalize_bus_id(bus_id: str) -> str:
@@ -109,6 +109,10 @@ class Inventory:
     params_host_path: str = ""  # <proc root>/driver/nvidia/params, if present
     fingerprint: str = ""  # what invalidates a cache: driver version, node set, MIG layout
     notes: list[str] = field(default_factory=list)  # why a fallback source was used
+    imex_major: int | None = None  # /proc/devices "nvidia-caps-imex-channels"; None: the driver has no IMEX
+    imex_channels: list[DeviceNode] = field(default_factory=list)  # the channel nodes present, by minor
+    gated_nodes: dict[str, list[DeviceNode]] = field(default_factory=dict)  # catalogue.GATED name -> nodes found
+    gated_mounts: dict[str, list[DriverFile]] = field(default_factory=dict)  # name -> files mounted with them
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -144,7 +148,14 @@ class Inventory:
         fields["control_nodes"] = {k: DeviceNode(**v) for k, v in data["control_nodes"].items()}
         fields["mig_control_nodes"] = {k: DeviceNode(**v) for k, v in data["mig_control_nodes"].items()}
         fields["files"] = [DriverFile(**f) for f in data["files"]]
+        fields["imex_channels"] = [DeviceNode(**n) for n in data.get("imex_channels", [])]
+        fields["gated_nodes"] = {k: [DeviceNode(**n) for n in v] for k, v in data.get("gated_nodes", {}).items()}
+        fields["gated_mounts"] = {k: [DriverFile(**f) for f in v] for k, v in data.get("gated_mounts", {}).items()}
         return cls(**fields)
+
+    def imex_channel(self, channel: int) -> DeviceNode | None:
+        """The host's node for IMEX channel `channel` (by name: /dev/nvidia-caps-imex-channels/channel<N>)."""
+        return next((n for n in self.imex_channels if n.path.rsplit("/channel", 1)[-1] == str(channel)), None)
 
     def all_mig_devices(self) -> list[MigDevice]:
         return [m for g in self.gpus for m in g.mig_devices]

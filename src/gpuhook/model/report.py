@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from gpuhook.model import topology
+from gpuhook.model import catalogue, topology
+from gpuhook.model.contract import GATED_DEVICE_ENV, IMEX_CHANNELS
 from gpuhook.model.edits import ContainerEdits
 from gpuhook.model.inventory import DeviceNode, Inventory
 
@@ -35,6 +36,7 @@ def format_inventory(inv: Inventory) -> str:
     lines.append("control nodes:")
     for n in [*inv.control_nodes.values(), *inv.mig_control_nodes.values()]:
         lines.append(f"  {_node(n)}")
+    lines += _datacenter_lines(inv)
     by_cap: dict[str, list[str]] = {}
     for f in inv.files:
         by_cap.setdefault(f"{f.capability} {f.kind}", []).append(f.path)
@@ -64,6 +66,23 @@ def topology_to_dict(inv: Inventory) -> dict[str, Any]:
     """`gpuhook info --json`'s `topology`: the same matrix as the human output, and its legend."""
     return {"known": topology.known(inv), "matrix": topology.matrix(inv) if topology.known(inv) else [],
             "legend": dict(topology.LEGEND)}
+
+
+def _datacenter_lines(inv: Inventory) -> list[str]:
+    """IMEX channels and the gated families: what a container asking for each would get on this host."""
+    lines = ["datacenter devices:"]
+    if inv.imex_major is None:
+        lines.append(f"  IMEX channels ({IMEX_CHANNELS}): none (no {catalogue.IMEX_DEVICES_NAME} in /proc/devices)")
+    else:
+        found = ", ".join(n.path.rsplit("/", 1)[-1] for n in inv.imex_channels) or "no channel nodes"
+        lines.append(f"  IMEX channels ({IMEX_CHANNELS}, major {inv.imex_major}): {found}")
+    for family in catalogue.GATED:
+        nodes = inv.gated_nodes.get(family.name, [])
+        mounts = [f.path for f in inv.gated_mounts.get(family.name, [])]
+        what = ", ".join(_node(n) for n in nodes) or "none"
+        extra = f"; mounts {', '.join(mounts)}" if mounts else ""
+        lines.append(f"  {family.name} ({GATED_DEVICE_ENV[family.name]}=enabled): {what}{extra}")
+    return lines
 
 
 def edits_to_dict(edits: ContainerEdits) -> dict[str, Any]:

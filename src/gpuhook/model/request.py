@@ -10,13 +10,17 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gpuhook.errors import RequestError
+from gpuhook.errors import RequestError, clip
 from gpuhook.model import catalogue
 from gpuhook.model.contract import (  # noqa: F401 - re-exported: the contract's names as the parser's
     CDI_ANNOTATION_PREFIX,
     CDI_KIND,
     DISABLE_REQUIRE,
     DRIVER_CAPABILITIES,
+    ENABLED,
+    GATED_DEVICE_ENV,
+    IMEX_CHANNELS,
+    IMEX_VOLUME_MOUNT_DIR,
     LEGACY_CUDA_VERSION,
     MIG_CONFIG,
     MIG_MONITOR,
@@ -42,6 +46,8 @@ class Request:
     mig_monitor: bool = False
     source: str = "env"  # env, volume-mounts, cdi-annotations, legacy-image
     notes: tuple[str, ...] = field(default=())
+    imex_channels: tuple[str, ...] = ()  # channel numbers as decimal text, or ("all",)
+    gated: tuple[str, ...] = ()  # contract.GATED_DEVICE_ENV names whose variable is `enabled`
 
     @property
     def wants_gpu_setup(self) -> bool:
@@ -207,7 +213,68 @@ def parse_request(
         if wanted and not privileged:
             raise RequestError(f"{var} requires a privileged container (CAP_SYS_ADMIN in the bounding set)")
         mig_flags.append(wanted)
-    return Request(kind, ids, caps, reqs, mig_flags[0], mig_flags[1], source, tuple(notes))
+    imex = imex_channel_request(env, mounts, privileged, policy, notes)
+    return Request(kind, ids, caps, reqs, mig_flags[0], mig_flags[1], source, tuple(notes), imex, gated_devices(env))
+
+
+def imex_channel_id(text: str, origin: str) -> str:
+    """One IMEX channel as written (`3` or `channel3`) to its number as decimal text; bad ids fail, naming them."""
+    digits = text[len(catalogue.IMEX_CHANNEL_PREFIX):] if text.startswith(catalogue.IMEX_CHANNEL_PREFIX) else text
+    if digits.isascii() and digits.isdigit() and len(digits) <= 8 and int(digits) <= catalogue.IMEX_CHANNEL_MAX:
+        return str(int(digits))
+    raise RequestError(f"invalid IMEX channel {clip(text)} in {origin} "
+                       f"(expected 0..{catalogue.IMEX_CHANNEL_MAX}, channel<N> or all)")
+
+
+def imex_channel_ids(items: Iterable[str], origin: str) -> tuple[str, ...]:
+    """Channel numbers, duplicates collapsed; `all` anywhere in the list means every channel the host has."""
+    out: list[str] = []
+    for item in (i.strip() for i in items):
+        if item == "all":
+            return ("all",)
+        if item:
+            channel = imex_channel_id(item, origin)
+            if channel not in out:
+                out.append(channel)
+    return tuple(out)
+
+
+def imex_volume_mounts(mounts: Sequence[Mapping[str, object]]) -> tuple[str, ...]:
+    """Channel ids from /dev/null mounts at /var/run/nvidia-container-devices/imex/<id> (NVIDIA's imex/ form)."""
+    prefix = IMEX_VOLUME_MOUNT_DIR + "/"
+    ids: list[str] = []
+    for m in mounts:
+        dest, source = m.get("destination"), m.get("source")
+        if isinstance(dest, str) and dest.startswith(prefix) and source == "/dev/null":
+            ids.append(dest[len(prefix):].strip("/"))
+    return imex_channel_ids(ids, f"a volume mount under {IMEX_VOLUME_MOUNT_DIR}")
+
+
+def imex_channel_request(
+    env: Mapping[str, str],
+    mounts: Sequence[Mapping[str, object]],
+    privileged: bool,
+    policy: Policy,
+    notes: list[str],
+) -> tuple[str, ...]:
+    """NVIDIA's ImexChannelRequests: accepted volume mounts win, then NVIDIA_IMEX_CHANNELS, which an unprivileged
+    container may only use under accept-envvar-unprivileged (else it is ignored with a note)."""
+    if policy.accept_volume_mounts:
+        mounted = imex_volume_mounts(mounts)
+        if mounted:
+            return mounted
+    value = env.get(IMEX_CHANNELS)
+    if value is None or not value.strip():
+        return ()
+    if not privileged and not policy.accept_envvar_unprivileged:
+        notes.append(f"{IMEX_CHANNELS} ignored: unprivileged container and accept-envvar-unprivileged is false")
+        return ()
+    return imex_channel_ids(value.split(","), IMEX_CHANNELS)
+
+
+def gated_devices(env: Mapping[str, str]) -> tuple[str, ...]:
+    """The gated device families asked for: each variable exactly `enabled` (NVIDIA compares the same way)."""
+    return tuple(name for name, var in GATED_DEVICE_ENV.items() if env.get(var) == ENABLED)
 
 
 def is_privileged(process: Mapping[str, object] | None) -> bool:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from gpuhook.errors import RequestError
+from gpuhook.model import catalogue
 from gpuhook.model.edits import Selection
-from gpuhook.model.inventory import Gpu, Inventory, MigDevice, normalize_bus_id
+from gpuhook.model.inventory import DeviceNode, Gpu, Inventory, MigDevice, normalize_bus_id
 from gpuhook.model.request import CDI_KIND, Request
 
 Device = Gpu | MigDevice
@@ -93,4 +94,20 @@ def resolve(inv: Inventory, request: Request) -> Selection:
                     devices.append(dev)
     else:
         devices = []
-    return Selection(tuple(devices), request.capabilities, request.mig_config, request.mig_monitor)
+    return Selection(tuple(devices), request.capabilities, request.mig_config, request.mig_monitor,
+                     imex_channels(inv, request), request.gated)
+
+
+def imex_channels(inv: Inventory, request: Request) -> tuple[DeviceNode, ...]:
+    """The host's nodes for the requested IMEX channels (`all`: every one present); a missing channel fails."""
+    if request.imex_channels == ("all",):
+        return tuple(inv.imex_channels)
+    nodes = []
+    for channel in request.imex_channels:
+        node = inv.imex_channel(int(channel))
+        if node is None:
+            why = "the driver has no IMEX support" if inv.imex_major is None else "no such channel node"
+            raise RequestError(f"IMEX channel {channel} requested but {catalogue.IMEX_CHANNEL_DIR}/"
+                               f"{catalogue.IMEX_CHANNEL_PREFIX}{channel} does not exist on this host ({why})")
+        nodes.append(node)
+    return tuple(nodes)
