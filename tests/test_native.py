@@ -682,3 +682,33 @@ def test_import_is_lean() -> None:
             "'jsonschema', 'inspect', 'dataclasses') if m in sys.modules)))")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == ""
+
+
+def test_openat2_in_root_survives_concurrent_renames(tmp_path: Path) -> None:
+    """RESOLVE_IN_ROOT answers EAGAIN when any rename races a '..' walk; openat2 retries, so a lookup never fails
+    for a reason that has nothing to do with the rootfs (seen as 'Resource temporarily unavailable' at starts)."""
+    import threading
+
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "spin").mkdir()
+    stop = threading.Event()
+
+    def rename_loop() -> None:
+        src, dst = tmp_path / "spin" / "x", tmp_path / "spin" / "y"
+        src.mkdir()
+        while not stop.is_set():
+            os.rename(src, dst)
+            os.rename(dst, src)
+
+    thread = threading.Thread(target=rename_loop)
+    thread.start()
+    root = os.open(tmp_path, os.O_PATH | os.O_DIRECTORY)
+    try:
+        for _ in range(20000):
+            fd = nat.openat2(root, "a/b/../../a/b/../../lib", os.O_PATH | os.O_DIRECTORY)
+            os.close(fd)
+    finally:
+        stop.set()
+        thread.join()
+        os.close(root)

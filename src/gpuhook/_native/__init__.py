@@ -268,6 +268,9 @@ def umount2(target: str | os.PathLike[str], flags: int = 0) -> None:
     _check(lib.gh_umount2(os.fsencode(target), flags), os.fspath(target))
 
 
+OPENAT2_ATTEMPTS = 64
+
+
 def openat2(
     dirfd: int,
     path: str | os.PathLike[str],
@@ -276,8 +279,16 @@ def openat2(
     resolve: int = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS,
 ) -> int:
     """openat2(2); the fd is always close-on-exec. With RESOLVE_IN_ROOT, `dirfd` acts as "/" for `path`,
-    for absolute symlinks and for "..", so an image's symlinks can't lead out of its rootfs."""
-    return _check(lib.gh_openat2(dirfd, os.fsencode(path), flags | O_CLOEXEC, mode, resolve), os.fspath(path))
+    for absolute symlinks and for "..", so an image's symlinks can't lead out of its rootfs.
+
+    With RESOLVE_IN_ROOT the kernel answers EAGAIN when a rename or mount anywhere raced the lookup (it cannot
+    prove ".." stayed inside); openat2(2) says to retry. Bounded: a rootfs that keeps racing fails with EAGAIN."""
+    raw = os.fsencode(path)
+    for _ in range(OPENAT2_ATTEMPTS - 1):
+        fd = lib.gh_openat2(dirfd, raw, flags | O_CLOEXEC, mode, resolve)
+        if fd >= 0 or ffi.errno != errno.EAGAIN:
+            return _check(fd, os.fspath(path))
+    return _check(lib.gh_openat2(dirfd, raw, flags | O_CLOEXEC, mode, resolve), os.fspath(path))
 
 
 def mknodat(dirfd: int, path: str | os.PathLike[str], mode: int, major: int, minor: int) -> None:

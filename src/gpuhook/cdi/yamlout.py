@@ -29,6 +29,17 @@ def _quoted(value: str) -> str:
     return _UNPRINTABLE.sub(lambda m: f"\\u{ord(m.group()):04x}", json.dumps(value, ensure_ascii=False))
 
 
+def _float(value: float) -> str:
+    """YAML 1.1's float forms: .inf/.nan, and a mantissa with a '.' (a bare `1e+16` would read as a string)."""
+    if value != value:
+        return ".nan"
+    if value in (float("inf"), float("-inf")):
+        return ".inf" if value > 0 else "-.inf"
+    text = repr(value)
+    mantissa, e, exponent = text.partition("e")
+    return text if "." in mantissa else f"{mantissa}.0{e}{exponent}"
+
+
 def scalar(value: object) -> str:
     """One scalar as YAML text."""
     if value is None:
@@ -37,6 +48,8 @@ def scalar(value: object) -> str:
         return "true" if value else "false"
     if isinstance(value, int):
         return str(value)
+    if isinstance(value, float):  # not in a spec gpuhook builds, but `cdi validate` rewrites what it reads
+        return _float(value)
     if isinstance(value, str):
         if _PLAIN.match(value) and value.lower() not in _RESERVED:
             return value
