@@ -20,7 +20,9 @@ def test_defaults_when_default_file_absent(tmp_path: Path, monkeypatch: pytest.M
     config = load_config(None)
     assert config == Config()
     assert config.ldconfig == "@/sbin/ldconfig" and config.log_file == "/var/log/gpuhook.log"
-    assert config.policy.accept_envvar_unprivileged and config.policy.accept_volume_mounts
+    assert config.policy.accept_envvar_unprivileged
+    # NVIDIA's accept-nvidia-visible-devices-as-volume-mounts is false by default
+    assert not config.accept_volume_mounts and not config.policy.accept_volume_mounts
 
 
 def test_full_config(tmp_path: Path) -> None:

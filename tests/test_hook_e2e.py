@@ -195,7 +195,13 @@ def test_unprivileged_policy(e2e: Path, fake_driver: Any) -> None:
         "type": "bind",
         "options": ["bind", "ro"],
     }
-    by_mount, _ = run(e2e, fake_driver, ["NVIDIA_VISIBLE_DEVICES=all"], extra, mounts=[mount])
+    # volume-mount requests are off by default (NVIDIA's accept-nvidia-visible-devices-as-volume-mounts)
+    ignored, _ = run(e2e, fake_driver, ["NVIDIA_VISIBLE_DEVICES=all"], extra, mounts=[mount])
+    assert ignored.returncode == 0, ignored.stderr
+    assert "nvidia1" not in ignored.stdout
+    shutil.rmtree(e2e / "bundle")
+    by_mount, _ = run(e2e, fake_driver, ["NVIDIA_VISIBLE_DEVICES=all"], {**extra, "accept_volume_mounts": True},
+                      mounts=[mount])
     assert by_mount.returncode == 0, by_mount.stderr
     assert nodes(by_mount.stdout) == ["nvidia-uvm", "nvidia-uvm-tools", "nvidia1", "nvidiactl"]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpuhook.errors import RequestError
+from gpuhook.model import catalogue
 from gpuhook.model.request import (
     Policy,
     cdi_annotation_devices,
@@ -30,7 +31,10 @@ from gpuhook.model.request import (
         ("0,0", ("list", ("0",))),
         ("0,all", ("all", ())),
         ("none,all", ("none", ())),
-        ("all,none", ("all", ())),
+        ("all,none", ("none", ())),  # void > none > all wherever they stand (NVIDIA's devices.go)
+        ("all,void", ("void", ())),
+        ("none,void", ("void", ())),
+        ("0,none", ("none", ())),
         ("1,void,all", ("void", ())),
         ("GPU-abc,MIG-def,0:1", ("list", ("GPU-abc", "MIG-def", "0:1"))),
         ("nvidia.com/gpu=0", ("list", ("nvidia.com/gpu=0",))),
@@ -72,6 +76,41 @@ def test_legacy_cuda_image_means_all_and_requires_its_cuda() -> None:
     assert req.requirements == ("cuda>=12.2",)
     modern = parse_request(["CUDA_VERSION=12.2.1", "NVIDIA_REQUIRE_CUDA=cuda>=12.2"])
     assert modern.kind == "unset"
+    assert parse_request(["CUDA_VERSION=12"]).requirements == ("cuda>=12.0",)  # semver's short form
+    assert parse_request(["CUDA_VERSION="]).kind == "unset"  # empty: not legacy (NVIDIA's IsLegacy)
+
+
+def test_legacy_cuda_image_without_capabilities_gets_every_supported_one() -> None:
+    """NVIDIA's getDriverCapabilities: an image from before NVIDIA_DRIVER_CAPABILITIES gets them all."""
+    assert parse_request(["CUDA_VERSION=12.2.1"]).capabilities == set(catalogue.CAPABILITIES)
+    limited = Policy(supported_capabilities=frozenset({"utility", "compute", "video"}))
+    assert parse_request(["CUDA_VERSION=12.2.1"], policy=limited).capabilities == {"utility", "compute", "video"}
+    with_var = parse_request(["CUDA_VERSION=12.2.1", "NVIDIA_DRIVER_CAPABILITIES=utility"])
+    assert with_var.capabilities == {"utility"}
+    empty_var = parse_request(["CUDA_VERSION=12.2.1", "NVIDIA_DRIVER_CAPABILITIES="])
+    assert empty_var.capabilities == {"utility", "compute"}
+    assert parse_request(["NVIDIA_VISIBLE_DEVICES=0"]).capabilities == {"utility", "compute"}
+
+
+@pytest.mark.parametrize("version", ["abc", "12.x", "012.1", "1.2.3.4", "4294967296.0", "9" * 100000])
+def test_legacy_cuda_version_that_is_not_a_version_fails_in_one_bounded_line(version: str) -> None:
+    with pytest.raises(RequestError, match="invalid CUDA_VERSION") as err:
+        parse_request([f"CUDA_VERSION={version}"])
+    assert "\n" not in str(err.value) and len(str(err.value)) < 400
+    # as NVIDIA's GetRequirements: with requirements off, the version is never read
+    assert parse_request([f"CUDA_VERSION={version}", "NVIDIA_DISABLE_REQUIRE=1"]).kind == "all"
+
+
+@pytest.mark.parametrize(
+    ("value", "disabled"),
+    [("1", True), ("t", True), ("T", True), ("TRUE", True), ("true", True), ("True", True),
+     ("yes", False), ("on", False), ("y", False), ("tRuE", False), (" true", False), ("0", False), ("", False),
+     ("bogus", False)],
+)
+def test_disable_require_is_go_parsebool(value: str, disabled: bool) -> None:
+    """NVIDIA reads NVIDIA_DISABLE_REQUIRE with strconv.ParseBool and treats an invalid value as false."""
+    req = parse_request(["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_REQUIRE_CUDA=cuda>=12.0", f"NVIDIA_DISABLE_REQUIRE={value}"])
+    assert req.requirements == (() if disabled else ("cuda>=12.0",))
 
 
 def test_requirements_collected_and_disabled() -> None:
@@ -96,6 +135,7 @@ def test_unprivileged_env_ignored_when_policy_says_so() -> None:
     assert req.kind == "unset" and "ignored" in req.notes[0]
     assert parse_request(["NVIDIA_VISIBLE_DEVICES=all"], privileged=True, policy=policy).kind == "all"
     mounts = [{"destination": "/var/run/nvidia-container-devices/1", "source": "/dev/null"}]
+    policy = Policy(accept_envvar_unprivileged=False, accept_volume_mounts=True)
     via_mount = parse_request(["NVIDIA_VISIBLE_DEVICES=all"], mounts, policy=policy)
     assert (via_mount.kind, via_mount.devices, via_mount.source) == ("list", ("1",), "volume-mounts")
 
@@ -107,16 +147,57 @@ def test_volume_mounts_win_over_env_and_annotations_win_over_both() -> None:
         {"destination": "/etc/hosts"},
     ]
     assert volume_mount_devices(mounts) == ("GPU-x",)
-    req = parse_request(["NVIDIA_VISIBLE_DEVICES=0"], mounts)
+    req = parse_request(["NVIDIA_VISIBLE_DEVICES=0"], mounts, policy=Policy(accept_volume_mounts=True))
     assert req.devices == ("GPU-x",)
-    assert parse_request(["NVIDIA_VISIBLE_DEVICES=0"], mounts, policy=Policy(accept_volume_mounts=False)).devices == (
-        "0",
-    )
+    # off by default, as NVIDIA's accept-nvidia-visible-devices-as-volume-mounts
+    assert parse_request(["NVIDIA_VISIBLE_DEVICES=0"], mounts).devices == ("0",)
     ann = {"cdi.k8s.io/gpuhook_a": "nvidia.com/gpu=1,other.com/x=2", "unrelated": "nvidia.com/gpu=0"}
     assert cdi_annotation_devices(ann) == ("1",)
-    req = parse_request(["NVIDIA_VISIBLE_DEVICES=0"], mounts, ann)
+    req = parse_request(["NVIDIA_VISIBLE_DEVICES=0"], mounts, ann, policy=Policy(accept_volume_mounts=True))
     assert (req.devices, req.source) == (("1",), "cdi-annotations")
     assert parse_request([], (), {"cdi.k8s.io/x": "nvidia.com/gpu=all"}).kind == "all"
+
+
+def test_volume_mount_counts_only_with_a_dev_null_source() -> None:
+    """NVIDIA's getDevicesFromMounts: a mount there of anything but /dev/null (an image's own volume, a host
+    folder) requests nothing."""
+    where = "/var/run/nvidia-container-devices/"
+    mounts = [
+        {"destination": where + "0", "source": "/tmp/x"},
+        {"destination": where + "1", "source": "/dev/zero"},
+        {"destination": where + "2"},
+        {"destination": where + "3", "source": "/dev//null"},  # cleaned, as filepath.Clean
+        {"destination": where + "4", "type": "tmpfs", "source": "tmpfs"},
+    ]
+    assert volume_mount_devices(mounts) == ("3",)
+    req = parse_request(["NVIDIA_VISIBLE_DEVICES=void"], mounts[:2], policy=Policy(accept_volume_mounts=True))
+    assert req.kind == "void"
+
+
+def test_huge_device_lists_are_refused_in_one_bounded_line() -> None:
+    """Issue 17: 150,000 ids took 99 s through a list membership test; now bounded before per-item work."""
+    many = ",".join(str(i) for i in range(150_000))
+    with pytest.raises(RequestError, match="^NVIDIA_VISIBLE_DEVICES is 938889 characters, more than 262144") as err:
+        parse_request([f"NVIDIA_VISIBLE_DEVICES={many}"])
+    assert len(str(err.value)) < 400
+    with pytest.raises(RequestError, match="^NVIDIA_VISIBLE_DEVICES names 10000 devices, more than 4096") as err:
+        parse_request(["NVIDIA_VISIBLE_DEVICES=" + ",".join("GPU-x" for _ in range(10_000))])
+    assert len(str(err.value)) < 400
+    with pytest.raises(RequestError, match="NVIDIA_VISIBLE_DEVICES is 2000000 characters") as err:
+        parse_request(["NVIDIA_VISIBLE_DEVICES=" + "0" * 2_000_000])
+    assert len(str(err.value)) < 400
+    names = ",".join(f"nvidia.com/gpu={i}" for i in range(200_000))
+    with pytest.raises(RequestError, match="annotation 'cdi.k8s.io/x'") as err:
+        parse_request([], (), {"cdi.k8s.io/x": names})
+    assert len(str(err.value)) < 400
+    spread = {f"cdi.k8s.io/{k}": ",".join(f"nvidia.com/gpu={k}-{i}" for i in range(4000)) for k in range(3)}
+    with pytest.raises(RequestError, match="more than 4096 devices"):
+        parse_request([], (), spread)
+    with pytest.raises(RequestError, match="^NVIDIA_MIG_CONFIG_DEVICES is"):
+        parse_request(["NVIDIA_VISIBLE_DEVICES=0", f"NVIDIA_MIG_CONFIG_DEVICES={many}"], privileged=True)
+    # the bound itself is accepted, duplicates collapse in order
+    at_bound = ",".join(str(i % 2048) for i in range(4096))
+    assert parse_request([f"NVIDIA_VISIBLE_DEVICES={at_bound}"]).devices == tuple(str(i) for i in range(2048))
 
 
 def test_mig_config_needs_privilege() -> None:

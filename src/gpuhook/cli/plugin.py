@@ -28,7 +28,8 @@ def default_hook_path() -> str:
               help="Kubelet's device-plugin directory (kubelet.sock and our sockets).")
 @click.option("--resource-name", default="nvidia.com/gpu", show_default=True, help="Extended resource advertised.")
 @click.option("--device-list-strategy", default="cdi-cri", show_default=True,
-              help=f"How Allocate names devices: comma list of {', '.join(LIST_STRATEGIES)}.")
+              help=f"How Allocate names devices: comma list of {', '.join(LIST_STRATEGIES)}. volume-mounts "
+                   "needs accept-volume-mounts = true in the nodes' gpuhook config (off by default, as NVIDIA's).")
 @click.option("--device-id-strategy", type=click.Choice(ID_STRATEGIES), default="uuid", show_default=True,
               help="Device ids kubelet sees (and CDI names Allocate returns).")
 @click.option("--mig-strategy", type=click.Choice(MIG_STRATEGIES), default="none", show_default=True,

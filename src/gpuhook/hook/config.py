@@ -29,7 +29,7 @@ _FIELDS: dict[str, tuple[type, Any]] = {
     "ldconfig": (str, "@/sbin/ldconfig"),  # '@' = a path on the host, never the image's
     "log_file": (str, "/var/log/gpuhook.log"),  # empty: no log
     "accept_envvar_unprivileged": (bool, True),
-    "accept_volume_mounts": (bool, True),
+    "accept_volume_mounts": (bool, False),  # NVIDIA: accept-nvidia-visible-devices-as-volume-mounts = false
     "disable_require": (bool, False),
     "supported_capabilities": (tuple, None),
     "inventory_cache": (str, "/run/gpuhook/inventory.json"),  # empty: rediscover on every start

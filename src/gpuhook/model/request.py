@@ -6,6 +6,7 @@ Pure functions only: the NVIDIA environment contract of DESIGN.md, turned into a
 
 from __future__ import annotations
 
+import posixpath
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,9 +30,13 @@ from gpuhook.model.contract import (  # noqa: F401 - re-exported: the contract's
     VOLUME_MOUNT_DIR,
 )
 
-SPECIAL_WORDS = ("all", "none", "void")
+SPECIAL_WORDS = ("void", "none", "all")  # in precedence order: the first one present anywhere in a list wins
 JETPACK_REQUIREMENT = f"{REQUIRE_PREFIX}JETPACK"  # a Jetson board requirement, not a driver constraint
-TRUE_WORDS = ("1", "true", "yes", "on", "y", "t")
+TRUE_WORDS = ("1", "t", "T", "TRUE", "true", "True")  # Go's strconv.ParseBool; anything else is false
+# Bounds on one request, checked before any per-item work: an image or a pod spec chooses these values, and the
+# hook runs on every container start. No real container names thousands of GPUs.
+MAX_IDS = 4096
+MAX_VALUE_CHARS = 256 * 1024
 
 
 @dataclass(frozen=True)
@@ -57,7 +62,7 @@ class Request:
 @dataclass(frozen=True)
 class Policy:
     accept_envvar_unprivileged: bool = True
-    accept_volume_mounts: bool = True
+    accept_volume_mounts: bool = False  # NVIDIA's accept-nvidia-visible-devices-as-volume-mounts default
     disable_require: bool = False
     supported_capabilities: frozenset[str] = frozenset(catalogue.CAPABILITIES)
 
@@ -67,35 +72,50 @@ def env_map(env: Iterable[str]) -> dict[str, str]:
     out: dict[str, str] = {}
     for item in env:
         if not isinstance(item, str):
-            raise RequestError(f"process.env entry {item!r} is not a string")
+            raise RequestError(f"process.env entry {clip(item)} is not a string")
         key, sep, value = item.partition("=")
         if sep:
             out[key] = value
     return out
 
 
-def parse_visible_devices(value: str | None) -> tuple[str, tuple[str, ...]]:
-    """(kind, device ids). The first special word in list order wins; duplicates collapse."""
+def split_ids(name: str, value: str) -> list[str]:
+    """A comma list's items, trimmed, empty ones dropped, duplicates collapsed (first kept), in linear time.
+
+    Refuses (one line naming `name`) a value over MAX_VALUE_CHARS or with more than MAX_IDS items before looking
+    at any item: a list membership test per item made 150,000 ids take minutes."""
+    if len(value) > MAX_VALUE_CHARS:
+        raise RequestError(f"{name} is {len(value)} characters, more than {MAX_VALUE_CHARS}: {clip(value)}")
+    items = [i for i in (i.strip() for i in value.split(",")) if i]
+    if len(items) > MAX_IDS:
+        raise RequestError(f"{name} names {len(items)} devices, more than {MAX_IDS}: {clip(value)}")
+    return list(dict.fromkeys(items))
+
+
+def parse_visible_devices(value: str | None, name: str = VISIBLE_DEVICES) -> tuple[str, tuple[str, ...]]:
+    """(kind, device ids). Special words win wherever they stand, void > none > all (NVIDIA's
+    internal/config/image/devices.go): `all,void` is void, `all,none` none, `0,all` all. Empty is void."""
     if value is None:
         return "unset", ()
-    items = [i.strip() for i in value.split(",")]
-    items = [i for i in items if i]
-    if not items:
+    ids = split_ids(name, value)
+    if not ids:
         return "void", ()
-    ids: list[str] = []
-    for item in items:
-        if item in SPECIAL_WORDS:
-            return item, ()
-        if item not in ids:
-            ids.append(item)
+    present = set(ids)
+    for word in SPECIAL_WORDS:
+        if word in present:
+            return word, ()
     return "list", tuple(ids)
 
 
 def parse_capabilities(
     value: str | None, supported: frozenset[str] = frozenset(catalogue.CAPABILITIES)
 ) -> frozenset[str]:
+    """Unset or empty: the defaults the host supports (utility,compute). See `request_capabilities` for the
+    legacy-image rule, which needs to know whether the variable is set at all."""
     if value is None or not value.strip():
-        return frozenset(catalogue.DEFAULT_CAPABILITIES)
+        return frozenset(catalogue.DEFAULT_CAPABILITIES) & supported
+    if len(value) > MAX_VALUE_CHARS:
+        raise RequestError(f"{DRIVER_CAPABILITIES} is {len(value)} characters: {clip(value)}")
     caps: set[str] = set()
     for item in (i.strip() for i in value.split(",")):
         if not item:
@@ -105,7 +125,7 @@ def parse_capabilities(
         elif item in catalogue.CAPABILITIES:
             caps.add(item)
         else:
-            raise RequestError(f"unknown driver capability {item!r} in {DRIVER_CAPABILITIES}={value!r}")
+            raise RequestError(f"unknown driver capability {clip(item)} in {DRIVER_CAPABILITIES}={clip(value)}")
     unsupported = caps - supported
     if unsupported:
         raise RequestError(
@@ -114,11 +134,37 @@ def parse_capabilities(
     return frozenset(caps)
 
 
+def request_capabilities(env: Mapping[str, str], legacy: bool, supported: frozenset[str]) -> frozenset[str]:
+    """A legacy CUDA image without NVIDIA_DRIVER_CAPABILITIES gets every supported capability (NVIDIA's hook,
+    getDriverCapabilities: it predates the variable); set, even empty, the variable decides as for any image."""
+    if legacy and DRIVER_CAPABILITIES not in env:
+        return supported
+    return parse_capabilities(env.get(DRIVER_CAPABILITIES), supported)
+
+
 def is_true(value: str | None) -> bool:
-    return value is not None and value.strip().lower() in TRUE_WORDS
+    """Go's strconv.ParseBool, as NVIDIA reads NVIDIA_DISABLE_REQUIRE: an invalid value ("yes") is false."""
+    return value in TRUE_WORDS
 
 
-_CUDA_VERSION_RE = re.compile(r"^(\d+)\.(\d+)")
+# golang.org/x/mod/semver.IsValid after a "v" prefix (what NVIDIA's cuda_image.go checks CUDA_VERSION with):
+# MAJOR[.MINOR[.PATCH[-prerelease][+build]]], numbers without leading zeros, ASCII only.
+_NUM = r"(?:0|[1-9][0-9]*)"
+_IDENT = r"(?:0|[1-9][0-9]*|[0-9]*[A-Za-z-][0-9A-Za-z-]*)"
+_SEMVER_RE = re.compile(
+    rf"({_NUM})(?:\.({_NUM})(?:\.{_NUM}(?:-{_IDENT}(?:\.{_IDENT})*)?(?:\+[0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*)?)?)?"
+)
+
+
+def legacy_cuda_version(value: str) -> str:
+    """CUDA_VERSION's "major.minor" ("12" is 12.0), as NVIDIA's parseMajorMinorVersion; RequestError if it is not
+    a version: the implied cuda>= requirement could not be checked, so the start fails."""
+    text = value[1:] if value.startswith("v") else value
+    match = _SEMVER_RE.fullmatch(text)
+    major, minor = (match.group(1), match.group(2) or "0") if match else ("", "")
+    if not match or max(len(major), len(minor)) > 10 or int(major) >= 2**32 or int(minor) >= 2**32:
+        raise RequestError(f"invalid {LEGACY_CUDA_VERSION} {clip(value)} in a legacy CUDA image: not a version")
+    return f"{major}.{minor}"
 
 
 def requirement_keys(env: Mapping[str, str]) -> list[str]:
@@ -130,42 +176,52 @@ def requirements(env: Mapping[str, str], legacy: bool) -> tuple[str, ...]:
     """The NVIDIA_REQUIRE_* constraints (JETPACK excepted), plus a legacy image's implicit cuda>=X.Y."""
     found = [env[key].strip() for key in requirement_keys(env)]
     if legacy:
-        match = _CUDA_VERSION_RE.match(env.get(LEGACY_CUDA_VERSION, ""))
-        if match:
-            found.append(f"cuda>={match.group(1)}.{match.group(2)}")
+        found.append(f"cuda>={legacy_cuda_version(env[LEGACY_CUDA_VERSION])}")
     return tuple(found)
 
 
 def is_legacy_image(env: Mapping[str, str]) -> bool:
-    """A CUDA image from before NVIDIA_VISIBLE_DEVICES: CUDA_VERSION set, no NVIDIA_REQUIRE_CUDA."""
-    return LEGACY_CUDA_VERSION in env and f"{REQUIRE_PREFIX}CUDA" not in env
+    """A CUDA image from before NVIDIA_VISIBLE_DEVICES: CUDA_VERSION non-empty, NVIDIA_REQUIRE_CUDA empty or unset
+    (NVIDIA's CUDA.IsLegacy)."""
+    return bool(env.get(LEGACY_CUDA_VERSION)) and not env.get(f"{REQUIRE_PREFIX}CUDA")
 
 
 def volume_mount_devices(mounts: Sequence[Mapping[str, object]]) -> tuple[str, ...]:
-    """Device ids from /dev/null mounts at /var/run/nvidia-container-devices/<id> (the kubelet plugin's form)."""
-    ids: list[str] = []
+    """Device ids from mounts of /dev/null at /var/run/nvidia-container-devices/<id> (the kubelet plugin's form).
+
+    Only a /dev/null source counts, as in NVIDIA's getDevicesFromMounts: any other mount there is the image's or
+    the user's own and requests nothing."""
+    ids: dict[str, None] = {}
     prefix = VOLUME_MOUNT_DIR + "/"
     for m in mounts:
-        dest = m.get("destination")
-        if not isinstance(dest, str) or not dest.startswith(prefix):
+        dest, source = m.get("destination"), m.get("source")
+        if not isinstance(dest, str) or not isinstance(source, str) or posixpath.normpath(source) != "/dev/null":
+            continue
+        if not dest.startswith(prefix):
             continue
         dev = dest[len(prefix) :].strip("/")
-        if dev and "/" not in dev and dev not in ids:
-            ids.append(dev)
+        if dev and "/" not in dev:
+            ids[dev] = None
+            if len(ids) > MAX_IDS:
+                raise RequestError(f"more than {MAX_IDS} device mounts under {VOLUME_MOUNT_DIR}")
     return tuple(ids)
 
 
 def cdi_annotation_devices(annotations: Mapping[str, object]) -> tuple[str, ...]:
-    """Device names from `cdi.k8s.io/*` annotations whose qualified names are of kind nvidia.com/gpu."""
-    ids: list[str] = []
+    """Device names from `cdi.k8s.io/*` annotations whose qualified names are of kind nvidia.com/gpu.
+
+    Each value is bounded (split_ids) before its names are looked at, and so is the total."""
+    ids: dict[str, None] = {}
     for key in sorted(annotations):
         value = annotations[key]
         if not key.startswith(CDI_ANNOTATION_PREFIX) or not isinstance(value, str):
             continue
-        for name in (n.strip() for n in value.split(",")):
+        for name in split_ids(f"annotation {clip(key)}", value):
             kind, sep, device = name.partition("=")
-            if sep and kind == CDI_KIND and device and device not in ids:
-                ids.append(device)
+            if sep and kind == CDI_KIND and device:
+                ids[device] = None
+        if len(ids) > MAX_IDS:
+            raise RequestError(f"cdi.k8s.io/ annotations name more than {MAX_IDS} devices")
     return tuple(ids)
 
 
@@ -202,13 +258,13 @@ def parse_request(
         (kind, ids), source = _ids_request(annotated), "cdi-annotations"
     if kind in ("unset", "void"):
         return Request(kind=kind, source=source, notes=tuple(notes))
-    caps = parse_capabilities(env.get(DRIVER_CAPABILITIES), policy.supported_capabilities)
+    caps = request_capabilities(env, legacy, policy.supported_capabilities)
     reqs: tuple[str, ...] = ()
     if not (policy.disable_require or is_true(env.get(DISABLE_REQUIRE))):
         reqs = requirements(env, legacy)
     mig_flags = []
     for var in (MIG_CONFIG, MIG_MONITOR):
-        mig_kind, _ = parse_visible_devices(env.get(var))
+        mig_kind, _ = parse_visible_devices(env.get(var), var)
         wanted = mig_kind in ("all", "list")
         if wanted and not privileged:
             raise RequestError(f"{var} requires a privileged container (CAP_SYS_ADMIN in the bounding set)")
