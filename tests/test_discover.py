@@ -191,11 +191,11 @@ def test_list_shows_what_a_container_gets(fake_driver: Any) -> None:
     code, out, err = _run_cli(args)
     assert code == 0, err
     data = json.loads(out)
-    assert [(n["path"], n["major"], n["minor"]) for n in data["deviceNodes"]] == [
+    assert [(n["path"], n["major"], n["minor"]) for n in data["device_nodes"]] == [
         ("/dev/nvidia1", 195, 1),
         ("/dev/nvidiactl", 195, 255),
     ]
-    mounted = {m["containerPath"] for m in data["mounts"]}
+    mounted = {m["container_path"] for m in data["mounts"]}
     assert f"/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.{fake_driver.driver_version}" in mounted
     assert not any("libcuda" in p for p in mounted)
     assert {
@@ -204,6 +204,31 @@ def test_list_shows_what_a_container_gets(fake_driver: Any) -> None:
     } in data["symlinks"]
     code, _, err = _run_cli(args[:-1] + ["--devices", "GPU-nope"])
     assert code == 1 and "unknown device 'GPU-nope'" in err
+
+
+@pytest.mark.parametrize("devices", ["void", "", " , ", "all,void", "none,void"])
+def test_list_agrees_with_the_hook_on_void(fake_driver: Any, devices: str) -> None:
+    """The hook leaves a void (or empty) request untouched: `list` must show nothing, not none's driver files."""
+    base = ["list", "--driver-root", str(fake_driver.root), "--proc-root", f"{fake_driver.root}/proc",
+            "--devices", devices]
+    code, out, err = _run_cli([*base, "--json"])
+    assert code == 0, err
+    data = json.loads(out)
+    assert not any(data.values()), data
+    code, out, err = _run_cli(base)
+    assert code == 0, err
+    assert out.startswith("nothing: a container with NVIDIA_VISIBLE_DEVICES=") and "untouched" in out
+
+
+@pytest.mark.parametrize("devices", ["none", "all,none"])
+def test_list_none_gets_driver_files_and_control_nodes_only(fake_driver: Any, devices: str) -> None:
+    code, out, err = _run_cli(["list", "--driver-root", str(fake_driver.root), "--proc-root",
+                               f"{fake_driver.root}/proc", "--devices", devices, "--json"])
+    assert code == 0, err
+    data = json.loads(out)
+    assert "/dev/nvidiactl" in [n["path"] for n in data["device_nodes"]]
+    assert not any(n["path"].startswith("/dev/nvidia") and n["path"][11:].isdigit() for n in data["device_nodes"])
+    assert data["mounts"]
 
 
 def test_in_process_discovery_matches_cli(fake_driver_mig: Any) -> None:

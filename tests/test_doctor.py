@@ -218,7 +218,7 @@ def test_explains_an_injection(fake_driver: Any, tmp_path: Path) -> None:
                                    "--env", "NVIDIA_REQUIRE_CUDA=cuda>=12.0")
     assert code == 0
     assert summary["outcome"] == "inject"
-    assert [n["path"] for n in summary["edits"]["deviceNodes"]] == [
+    assert [n["path"] for n in summary["edits"]["device_nodes"]] == [
         "/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
     text = [s["message"] for s in steps]
     assert text[1] == "2. request: 1 (from NVIDIA_VISIBLE_DEVICES)"
@@ -259,7 +259,7 @@ def test_why_nothing(fake_driver: Any, tmp_path: Path, args: list[str], config: 
 
 
 def test_policy_still_honours_a_device_mount(fake_driver: Any, tmp_path: Path) -> None:
-    path = config_file(tmp_path, accept_envvar_unprivileged=False)
+    path = config_file(tmp_path, accept_envvar_unprivileged=False, accept_volume_mounts=True)
     code, summary, steps = explain(fake_driver, tmp_path, "--config", str(path), "--env",
                                    "NVIDIA_VISIBLE_DEVICES=all", "--device-mount", "1")
     assert code == 0
@@ -298,7 +298,7 @@ def test_bundle(fake_driver: Any, tmp_path: Path) -> None:
     code, summary, steps = explain(fake_driver, tmp_path, "--bundle", str(bundle))
     assert code == 0 and summary["origin"] == f"bundle {bundle}"
     assert steps[0]["message"].endswith("; unprivileged")
-    assert [n["path"] for n in summary["edits"]["deviceNodes"]] == ["/dev/nvidia0", "/dev/nvidiactl"]
+    assert [n["path"] for n in summary["edits"]["device_nodes"]] == ["/dev/nvidia0", "/dev/nvidiactl"]
 
 
 def test_bundle_already_edited_by_cdi(fake_driver: Any, tmp_path: Path) -> None:

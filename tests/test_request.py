@@ -109,7 +109,8 @@ def test_legacy_cuda_version_that_is_not_a_version_fails_in_one_bounded_line(ver
 )
 def test_disable_require_is_go_parsebool(value: str, disabled: bool) -> None:
     """NVIDIA reads NVIDIA_DISABLE_REQUIRE with strconv.ParseBool and treats an invalid value as false."""
-    req = parse_request(["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_REQUIRE_CUDA=cuda>=12.0", f"NVIDIA_DISABLE_REQUIRE={value}"])
+    env = ["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_REQUIRE_CUDA=cuda>=12.0", f"NVIDIA_DISABLE_REQUIRE={value}"]
+    req = parse_request(env)
     assert req.requirements == (() if disabled else ("cuda>=12.0",))
 
 

@@ -105,18 +105,29 @@ def list_cmd(
     extra_env: tuple[str, ...],
     as_json: bool,
 ) -> None:
-    """Exactly what a container asking for --devices/--capabilities would receive."""
-    from gpuhook.model.edits import plan
+    """Exactly what a container asking for --devices/--capabilities would receive.
+
+    The hook's own decision: `void` or an empty list leaves a container untouched, so nothing is listed (not the
+    driver files `none` gets)."""
+    from gpuhook.errors import clip
+    from gpuhook.model.contract import VISIBLE_DEVICES
+    from gpuhook.model.edits import ContainerEdits, plan
     from gpuhook.model.report import edits_to_dict, format_edits
     from gpuhook.model.request import parse_request
     from gpuhook.model.selection import resolve
 
     inv = load_inventory(driver_root, dev_root, proc_root, discovery)
-    env = [f"NVIDIA_VISIBLE_DEVICES={devices}"]
+    env = [f"{VISIBLE_DEVICES}={devices}"]
     if capabilities:
         env.append(f"NVIDIA_DRIVER_CAPABILITIES={capabilities}")
     env += extra_env
     request = parse_request(env, privileged=True)
+    if not request.wants_gpu_setup:
+        if as_json:
+            click.echo(json.dumps(edits_to_dict(ContainerEdits()), indent=2))
+        else:
+            click.echo(f"nothing: a container with {VISIBLE_DEVICES}={clip(devices)} is left untouched")
+        return
     edits = plan(inv, resolve(inv, request))
     click.echo(json.dumps(edits_to_dict(edits), indent=2) if as_json else format_edits(edits))
 

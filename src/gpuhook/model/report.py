@@ -86,15 +86,17 @@ def _datacenter_lines(inv: Inventory) -> list[str]:
 
 
 def edits_to_dict(edits: ContainerEdits) -> dict[str, Any]:
+    """`list --json` and doctor's container summary: snake_case field names, as `info --json` (the CDI spec's
+    camelCase is the spec's own format, not gpuhook's reports)."""
     return {
         "env": list(edits.env),
-        "deviceNodes": [asdict(n) for n in edits.device_nodes],
+        "device_nodes": [asdict(n) for n in edits.device_nodes],
         "mounts": [
-            {"hostPath": m.host_path, "containerPath": m.container_path, "options": list(m.options)}
+            {"host_path": m.host_path, "container_path": m.container_path, "options": list(m.options)}
             for m in edits.mounts
         ],
         "symlinks": [{"link": s.link, "target": s.target} for s in edits.symlinks],
-        "ldcacheFolders": list(edits.ld_dirs),
+        "ld_dirs": list(edits.ld_dirs),
     }
 
 
