@@ -525,6 +525,41 @@ def test_unprivileged_policy_leaves_the_image_alone(e2e: None, fake: FakeDriver,
     assert log[1].split(" ", 1)[1].startswith(f"{views[1][2]} skip request=unset ({UNPRIVILEGED_NOTE})"), log[1]
 
 
+# --- hostile request sizes ------------------------------------------------------------------------------------
+
+
+HUGE_REQUESTS = {  # issue 17: each took minutes through a list membership test per id
+    "env-150k-ids": ([f"NVIDIA_VISIBLE_DEVICES={','.join(str(i) for i in range(150_000))}"], None,
+                     "NVIDIA_VISIBLE_DEVICES is "),
+    "env-10k-ids": ([f"NVIDIA_VISIBLE_DEVICES={','.join('GPU-x' for _ in range(10_000))}"], None,
+                    "NVIDIA_VISIBLE_DEVICES names 10000 devices"),
+    "annotation-200k-names": ([], {"cdi.k8s.io/gpuhook_x": ",".join(f"nvidia.com/gpu={i}" for i in range(200_000))},
+                              "annotation 'cdi.k8s.io/gpuhook_x' "),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HUGE_REQUESTS))
+def test_huge_request_is_refused_in_one_bounded_line(e2e: None, fake: FakeDriver, tmp_path: Path, name: str) -> None:
+    """A real runc start through the prestart hook: refused before any per-item work, with one stderr line and
+    one log line that name the variable and stay short (the value is clipped), and the image left alone.
+    (podman cannot carry such an annotation: one argument is at most 128 KiB, MAX_ARG_STRLEN; the CDI spec's
+    hooks never read annotations, the prestart hook and the shim do.)"""
+    env, annotations, names = HUGE_REQUESTS[name]
+    config = hostile.write_config(tmp_path, fake.root)
+    rootfs = glibc_rootfs(tmp_path / "bundle", probe_cache=tmp_path.parent / "probe")
+    before = hostile.content(rootfs)
+    bundle = make_bundle(tmp_path / "bundle", rootfs, ["true"], env=env, hooks=hostile.prestart_hooks(config),
+                         annotations=annotations)
+    result = runc_run(bundle, unique_id("huge"), timeout=HOOK_TIMEOUT)
+    assert result.returncode != 0
+    hook_lines = [line for line in result.stderr.splitlines() if "gpuhook-hook:" in line]
+    assert len(hook_lines) == 1 and names in hook_lines[0], result.stderr[:2000]
+    assert len(result.stderr) < 2000, result.stderr[:2000]
+    log = hostile.log_lines(tmp_path)
+    assert len(log) == 1 and names in log[0] and len(log[0]) < 1000, log
+    assert hostile.content(rootfs) == before
+
+
 # --- the same images through podman and the CDI spec's hooks -----------------------------------------------
 
 

@@ -227,6 +227,26 @@ def test_refused_request_changes_nothing(tmp_path: Path, fake_driver: Any, env: 
     assert sorted(p.name for p in bundle.iterdir()) == ["config.json"]  # no temp file left behind
 
 
+@pytest.mark.parametrize(("env", "annotations", "names"), [
+    ([f"NVIDIA_VISIBLE_DEVICES={','.join(str(i) for i in range(150_000))}"], {}, "NVIDIA_VISIBLE_DEVICES is "),
+    ([], {"cdi.k8s.io/x": ",".join(f"nvidia.com/gpu={i}" for i in range(200_000))}, "annotation 'cdi.k8s.io/x' "),
+], ids=["env-150k", "annotation-200k"])  # fmt: skip
+def test_huge_request_is_refused_in_one_bounded_line(tmp_path: Path, fake_driver: Any, env: list[str],
+                                                     annotations: dict[str, str], names: str) -> None:
+    """Issue 17: the request is bounded before any per-item work; the refusal names the variable, clipped."""
+    bundle = bundle_with(tmp_path, env)
+    config = json.loads((bundle / "config.json").read_text())
+    config["annotations"] = annotations
+    (bundle / "config.json").write_text(json.dumps(config))
+    before = digest(bundle / "config.json")
+    result = run_shim(tmp_path, ["create", "--bundle", str(bundle), "c1"], hook_config(tmp_path, fake_driver.root))
+    assert result.returncode == 1
+    assert result.stderr.startswith(f"gpuhook-runtime: {names}"), result.stderr[:500]
+    assert result.stderr.count("\n") == 1 and len(result.stderr) < 600
+    assert digest(bundle / "config.json") == before
+    assert not (tmp_path / "argv").exists()
+
+
 def test_gpu_request_rewrites_then_execs_with_the_same_argv(tmp_path: Path, fake_driver: Any) -> None:
     bundle = bundle_with(tmp_path, ["NVIDIA_VISIBLE_DEVICES=1"])
     mode = 0o600
