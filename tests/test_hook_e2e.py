@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -272,3 +274,44 @@ def test_cgroup_v2_device_filter(e2e: Path, fake_driver: Any) -> None:
     assert "Operation not permitted" in result.stdout  # 195:1 was never allowed
     assert "null-ok" in result.stdout and "on-v2" in result.stdout
     assert "cgroup=v2" in (e2e / "gpuhook.log").read_text()
+
+
+USERNS_HOST_ID = 100000  # container root in a user namespace, as rootless or userns-remap setups map it
+
+
+def test_user_namespace_gets_the_host_node_by_bind_mount(e2e: Path, fake_driver: Any) -> None:
+    """A container with a user namespace: mknod in its /dev (a tmpfs that belongs to the container's user
+    namespace) fails with EOVERFLOW ("Value too large for defined data type") and a node there could not be
+    opened anyway; the hook binds the host's node onto an empty file, as runc and libnvidia-container do.
+    Opening it gives ENXIO: the simulated driver's node, reached through the device cgroup."""
+    work = Path(tempfile.mkdtemp(prefix="gpuhook-userns-", dir="/tmp"))  # every folder above the rootfs must be
+    try:  # searchable by the container's root (host uid 100000); pytest's tmp_path is 0700
+        work.chmod(0o755)
+        rootfs = glibc_rootfs(work / "bundle", probe_cache=e2e.parent / "probe")
+        for path in [rootfs, *rootfs.rglob("*")]:
+            os.lchown(path, USERNS_HOST_ID, USERNS_HOST_ID)
+        config = write_config(e2e, Path(fake_driver.root))
+        probe = ("ls /dev | grep nvidia | sort | tr '\\n' ' '; echo; cat /proc/self/uid_map; "
+                 "for n in /dev/nvidia0 /dev/nvidiactl; do cat $n 2>&1 | head -1; done; "
+                 "readlink /usr/lib/x86_64-linux-gnu/libcuda.so.1")
+        bundle = make_bundle(work / "bundle", rootfs, ["sh", "-c", probe], env=["NVIDIA_VISIBLE_DEVICES=0"],
+                             hooks=hooks(config))
+        spec = json.loads((bundle / "config.json").read_text())
+        spec["linux"]["namespaces"].append({"type": "user"})
+        mapping = [{"containerID": 0, "hostID": USERNS_HOST_ID, "size": 65536}]
+        spec["linux"]["uidMappings"] = mapping
+        spec["linux"]["gidMappings"] = mapping
+        # cgroupfs cannot be mounted from a user namespace without a cgroup namespace; the probe needs none
+        spec["mounts"] = [m for m in spec["mounts"] if m["destination"] != "/sys/fs/cgroup"]
+        (bundle / "config.json").write_text(json.dumps(spec))
+        result = runc_run(bundle, unique_id("userns"))
+        assert result.returncode == 0, result.stderr
+        lines = result.stdout.splitlines()
+        assert lines[0].split() == ["nvidia-uvm", "nvidia-uvm-tools", "nvidia0", "nvidiactl"], result.stdout
+        assert lines[1].split() == ["0", str(USERNS_HOST_ID), "65536"]  # it did run in the user namespace
+        assert lines[2].endswith("No such device or address") and lines[3].endswith("No such device or address"), \
+            result.stdout
+        assert lines[4].startswith("libcuda.so."), result.stdout
+        assert " inject " in (e2e / "gpuhook.log").read_text()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

@@ -70,14 +70,54 @@ def _mask_proc(root: RootFS, edits: ContainerEdits, proc_root: str) -> None:
         os.close(top)
 
 
+def _mapped_root(map_file: str) -> int:
+    """The host id that a user namespace's uid_map/gid_map maps the container's 0 to."""
+    try:
+        with open(map_file, encoding="ascii") as f:
+            lines = f.read().splitlines()
+    except (OSError, ValueError) as exc:
+        raise InjectionError(f"cannot read {map_file}: {getattr(exc, 'strerror', None) or exc}") from None
+    for line in lines:
+        fields = line.split()
+        if len(fields) == 3 and all(x.isdigit() for x in fields):
+            inside, outside, count = map(int, fields)
+            if inside <= 0 < inside + count:
+                return outside - inside
+    raise InjectionError(f"the container's user namespace maps no root ({map_file})")
+
+
+def user_namespace_root(pid: int, host_proc_root: str = "/proc") -> tuple[int, int] | None:
+    """(uid, gid) on the host of the container's root when the container has its own user namespace (OCI
+    linux.namespaces "user" with uid/gid mappings), else None: then device nodes are bind mounts, not mknod."""
+    try:
+        theirs = os.stat(f"{host_proc_root}/{pid}/ns/user")
+        ours = os.stat(f"{host_proc_root}/self/ns/user")
+    except OSError:
+        return None
+    if (theirs.st_dev, theirs.st_ino) == (ours.st_dev, ours.st_ino):
+        return None
+    return _mapped_root(f"{host_proc_root}/{pid}/uid_map"), _mapped_root(f"{host_proc_root}/{pid}/gid_map")
+
+
 def apply_in_namespace(
-    rootfs_path: str, edits: ContainerEdits, sources: dict[str, int], ldconfig_fd: int, proc_root: str
+    rootfs_path: str,
+    edits: ContainerEdits,
+    sources: dict[str, int],
+    ldconfig_fd: int,
+    proc_root: str,
+    userns_root: tuple[int, int] | None = None,
 ) -> None:
-    """Everything that happens inside the container's mount namespace (the caller has joined it)."""
+    """Everything that happens inside the container's mount namespace (the caller has joined it).
+
+    With `userns_root` (a container with its own user namespace), `sources` also holds a clone of each device
+    node's host node, keyed by its container path, bound instead of made with mknod."""
     os.umask(0)
     with RootFS(rootfs_path) as root:
         for node in edits.device_nodes:
-            root.mknod(node.path, node.mode, node.major, node.minor, node.type)
+            if userns_root is None:
+                root.mknod(node.path, node.mode, node.major, node.minor, node.type)
+            else:
+                mounts.bind_node(root, sources[node.path], node.path, userns_root)
         for m in edits.mounts:
             mounts.bind(root, sources[m.container_path], m.container_path, m.options)
         for link in edits.symlinks:
@@ -127,11 +167,24 @@ def inject(
     host_proc_root: str = "/proc",
 ) -> None:
     """Apply `edits` to the container whose init process is `pid` (prestart: namespaces exist, no pivot yet)."""
-    sources = {m.container_path: mounts.clone_source(m.host_path) for m in edits.mounts}
+    userns_root = user_namespace_root(pid, host_proc_root)
+    sources: dict[str, int] = {}
+    try:
+        for m in edits.mounts:
+            sources[m.container_path] = mounts.clone_source(m.host_path)
+        if userns_root is not None:  # bind sources are taken here, in the host's namespace, before setns
+            for node in edits.device_nodes:
+                sources[node.path] = mounts.clone_source(node.host_path)
+    except BaseException:
+        for fd in sources.values():
+            os.close(fd)
+        raise
     ldconfig_fd = ldcache.open_ldconfig(ldconfig_path) if edits.ld_dirs else -1
     try:
         run_in_mount_namespace(
-            pid, lambda: apply_in_namespace(rootfs_path, edits, sources, ldconfig_fd, proc_root), host_proc_root
+            pid,
+            lambda: apply_in_namespace(rootfs_path, edits, sources, ldconfig_fd, proc_root, userns_root),
+            host_proc_root,
         )
     finally:
         for fd in sources.values():

@@ -45,6 +45,31 @@ def bind(rootfs: RootFS, tree_fd: int, container_path: str, options: tuple[str, 
     """Attach the cloned tree `tree_fd` at `container_path` inside the rootfs, then apply the option flags."""
     is_dir = stat.S_ISDIR(os.fstat(tree_fd).st_mode)
     target = rootfs.mkdirs(container_path) if is_dir else rootfs.ensure_file(container_path)
+    _attach(tree_fd, target, container_path, options)
+
+
+NODE_OPTIONS = ("nosuid", "noexec")  # never nodev: the mount is the node
+
+
+def bind_node(rootfs: RootFS, tree_fd: int, container_path: str, owner: tuple[int, int]) -> None:
+    """A device node for a container with its own user namespace: the host's node (cloned in `tree_fd`) bound
+    onto an empty file, as runc and libnvidia-container do. mknod there fails (EOVERFLOW: the container's /dev
+    is a tmpfs of its user namespace, which cannot represent the host's root) and a node on it could not be
+    opened anyway (such a filesystem is nodev). The file is created as `owner`, the host uid/gid of the
+    container's root, so that its /dev accepts it."""
+    uid, gid = owner
+    os.setegid(gid)
+    os.seteuid(uid)  # effective capabilities drop until seteuid(0) restores them from the permitted set
+    try:
+        target = rootfs.ensure_file(container_path)
+    finally:
+        os.seteuid(0)
+        os.setegid(0)
+    _attach(tree_fd, target, container_path, NODE_OPTIONS)
+
+
+def _attach(tree_fd: int, target: int, container_path: str, options: tuple[str, ...]) -> None:
+    """move_mount the detached tree onto the `target` descriptor (closed here), then remount it with `options`."""
     try:
         _native.move_mount(tree_fd, "", target, "", _native.MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH)
     except OSError as exc:
