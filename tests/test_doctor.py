@@ -449,3 +449,21 @@ def test_runtime_config_snippets_for_the_shim_pass(tmp_path: Path, snippet: str,
     check = rt.check_containerd if runtime == "containerd" else rt.check_docker
     found = check((1, 6, 20) if runtime == "containerd" else (20, 10), p, spec_status(tmp_path / "cdi", current=False))
     assert statuses(found) == [OK], found
+
+
+@pytest.mark.parametrize("args", [
+    ["--env", f"NVIDIA_VISIBLE_DEVICES=GPU-{'a' * 200_000}"],
+    ["--env", f"NVIDIA_VISIBLE_DEVICES=0,{','.join(['1'] * 4000)}", "--env", f"NVIDIA_FOO={'f' * 200_000}"],
+    ["--env", "NVIDIA_VISIBLE_DEVICES=0", "--env", f"NVIDIA_REQUIRE_CUDA={','.join(['cuda>=99.0'] * 20_000)}"],
+    ["--env", "NVIDIA_VISIBLE_DEVICES=0", "--env", "NVIDIA_DISABLE_REQUIRE=1",
+     "--env", f"NVIDIA_REQUIRE_{'K' * 200_000}=cuda>=1.0"],
+    ["--annotation", f"cdi.k8s.io/x=nvidia.com/gpu={'b' * 200_000}"],
+    ["--env", "NVIDIA_VISIBLE_DEVICES=0", "--device-mount", "z" * 200_000],
+], ids=["device", "many-ids", "unmet-requirement", "requirement-names", "annotation", "device-mount"])  # fmt: skip
+def test_image_values_are_clipped_in_every_finding(fake_driver: Any, tmp_path: Path, args: list[str]) -> None:
+    """doctor echoes the container's values (its input line, ids, constraints): each is clipped."""
+    path = config_file(tmp_path, accept_volume_mounts=True)
+    _, _, steps = explain(fake_driver, tmp_path, "--config", str(path), *args)
+    for step in steps:
+        assert len(step["message"]) < 3000, step["message"][:3000]
+        assert all(len(line) < 3000 for line in step["detail"]), step["detail"][:3]

@@ -136,6 +136,32 @@ def test_errors_keep_their_wording(entry: Path, tmp_path: Path) -> None:
     assert usage.returncode == 1 and b"unexpected argument '--bogus'" in usage.stderr
 
 
+BIG = 200_000  # under the request bound (256 KiB per value): these reach the per-item checks
+
+
+@pytest.mark.parametrize(("env", "annotations", "words"), [
+    ([f"NVIDIA_VISIBLE_DEVICES=GPU-{'a' * BIG}"], {}, "unknown device 'GPU-aaa"),
+    (["NVIDIA_VISIBLE_DEVICES=0", f"NVIDIA_DRIVER_CAPABILITIES={'x' * BIG}"], {}, "unknown driver capability"),
+    (["NVIDIA_VISIBLE_DEVICES=0", f"NVIDIA_REQUIRE_CUDA=cuda>={'1.' * (BIG // 2)}"], {}, "invalid requirement"),
+    (["NVIDIA_VISIBLE_DEVICES=0", f"NVIDIA_REQUIRE_CUDA={','.join(['cuda>=99.0'] * (BIG // 11))}"], {},
+     "unsatisfied requirement"),
+    ([f"CUDA_VERSION={'x' * BIG}"], {}, "invalid CUDA_VERSION"),
+    ([], {"cdi.k8s.io/x": f"nvidia.com/gpu={'b' * BIG}"}, "unknown device 'bbb"),
+], ids=["device", "capability", "requirement", "unmet-requirement", "cuda-version", "annotation"])  # fmt: skip
+def test_image_values_are_clipped_in_every_message(entry: Path, tmp_path: Path, fake_driver: Any, env: list[str],
+                                                   annotations: dict[str, str], words: str) -> None:
+    """An image-supplied value is echoed clipped (errors.clip): 200 KB in a variable must not become a
+    200 KB stderr line and log line."""
+    config = write_config(tmp_path, Path(fake_driver.root))
+    bundle = bundle_dir(tmp_path, env, annotations=annotations)
+    result = run_entry(entry, ["--config", str(config)], state(bundle))
+    err = result.stderr.decode()
+    assert result.returncode == 1 and err.startswith("gpuhook-hook: ") and words in err, err[:500]
+    assert err.count("\n") == 1 and len(err) < 1000, err[:2000]
+    log = (tmp_path / "gpuhook.log").read_text().splitlines()
+    assert len(log) == 1 and words in log[0] and len(log[0]) < 1200, log[0][:2000]
+
+
 @pytest.fixture()
 def runc_e2e(tmp_path: Path) -> Path:
     need_root()

@@ -12,7 +12,7 @@ from typing import Any
 
 from gpuhook.doctor import datacenter
 from gpuhook.doctor.model import INFO, OK, PROBLEM, Finding
-from gpuhook.errors import RequestError, RequirementError
+from gpuhook.errors import RequestError, RequirementError, clip
 from gpuhook.hook.config import Config
 from gpuhook.model import catalogue
 from gpuhook.model import requirements as require
@@ -30,6 +30,7 @@ from gpuhook.model.request import (
     Request,
     env_map,
     is_privileged,
+    is_true,
     parse_request,
     requirement_keys,
 )
@@ -94,15 +95,18 @@ class _Steps:
 
 
 def _input_line(inp: ContainerInput) -> str:
-    shown = [e for e in inp.env if e.startswith(SHOWN_ENV)]
-    parts = [", ".join(shown) if shown else "no NVIDIA_* variables"]
-    devices = [m.get("destination") for m in inp.mounts
+    """What the container asks with; every value is the image's or the pod's, so each is clipped, and so is
+    each list (an image can set thousands of variables)."""
+    shown = [clip(e, quote=False) for e in inp.env if e.startswith(SHOWN_ENV)]
+    parts = [clip(", ".join(shown), 1000, quote=False) if shown else "no NVIDIA_* variables"]
+    devices = [clip(str(m.get("destination")), quote=False) for m in inp.mounts
                if str(m.get("destination", "")).startswith(VOLUME_MOUNT_DIR + "/")]
     if devices:
-        parts.append("device mounts " + ", ".join(map(str, devices)))
+        parts.append("device mounts " + clip(", ".join(devices), 1000, quote=False))
     cdi = {k: v for k, v in inp.annotations.items() if k.startswith(CDI_ANNOTATION_PREFIX)}
     if cdi:
-        parts.append("annotations " + ", ".join(f"{k}={v}" for k, v in cdi.items()))
+        shown_cdi = ", ".join(clip(f"{k}={v}", quote=False) for k, v in cdi.items())
+        parts.append("annotations " + clip(shown_cdi, 1000, quote=False))
     parts.append("privileged (CAP_SYS_ADMIN)" if inp.privileged else "unprivileged")
     return f"container ({inp.origin}): " + "; ".join(parts)
 
@@ -132,16 +136,19 @@ def _why_nothing(steps: _Steps, request: Request, inp: ContainerInput, config: C
     if request.kind == "void":
         value = env.get(VISIBLE_DEVICES, "")
         if gpu_nodes:
-            steps.add(OK, f"{VISIBLE_DEVICES}={value!r} and config.json already has {', '.join(map(str, gpu_nodes))}: "
-                          "a CDI runtime or gpuhook-runtime applied the edits; the hook stays out")
+            steps.add(OK, f"{VISIBLE_DEVICES}={clip(value)} and config.json already has "
+                          f"{', '.join(map(str, gpu_nodes))}: a CDI runtime or gpuhook-runtime applied the edits; "
+                          "the hook stays out")
             return "applied"
         steps.add(PROBLEM, f"no GPU: {VISIBLE_DEVICES} is {'void' if value.strip() else 'empty'}, which means "
                            "'leave this container untouched' (CDI specs set it so that no hook injects twice)",
                   f"{VISIBLE_DEVICES}=all (or the GPUs it should get)")
         return "nothing"
-    if LEGACY_CUDA_VERSION in env:
+    if env.get(LEGACY_CUDA_VERSION):
         why = (f"{VISIBLE_DEVICES} is unset (CUDA_VERSION is set, but with NVIDIA_REQUIRE_CUDA, which makes it no "
                "legacy CUDA image)")
+    elif LEGACY_CUDA_VERSION in env:
+        why = f"{VISIBLE_DEVICES} is unset (and CUDA_VERSION is empty: no legacy CUDA image either)"
     else:
         why = f"{VISIBLE_DEVICES} is unset (and CUDA_VERSION is not: no legacy CUDA image either)"
     steps.add(PROBLEM, f"no GPU: {why}: gpuhook does not treat it as a GPU container",
@@ -151,7 +158,7 @@ def _why_nothing(steps: _Steps, request: Request, inp: ContainerInput, config: C
 
 def _request_line(request: Request) -> str:
     what = {"all": "every GPU", "none": "no GPU, only the driver files and control nodes"}.get(
-        request.kind, ", ".join(request.devices))
+        request.kind, clip(", ".join(request.devices), 1000, quote=False))
     source = {"env": f"from {VISIBLE_DEVICES}", "volume-mounts": "from device volume mounts (they win over the env)",
               "cdi-annotations": "from cdi.k8s.io/ annotations (they win over mounts and env)",
               "legacy-image": "a legacy CUDA image (CUDA_VERSION without NVIDIA_REQUIRE_CUDA) means all GPUs"
@@ -173,7 +180,7 @@ def _selection_line(inv: Inventory, request: Request, devices: Sequence[Gpu | Mi
         for ident in request.devices:
             found = find_device(inv, ident)
             if found is not None:
-                lines.append(f"{ident!r} → {describe(found)}")
+                lines.append(f"{clip(ident)} → {describe(found)}")
     return "devices: " + "; ".join(describe(d) for d in devices), lines
 
 
@@ -240,8 +247,8 @@ def _requirements(steps: _Steps, inv: Inventory, request: Request, env: Mapping[
     """One step per constraint (require.check on each alone, so every unmet one is named); True if one fails."""
     asked = requirement_keys(env)
     if asked and not request.requirements:
-        why = DISABLE_REQUIRE if env.get(DISABLE_REQUIRE) else "disable-require in the config"
-        steps.add(INFO, f"requirements {', '.join(asked)} not checked ({why})")
+        why = DISABLE_REQUIRE if is_true(env.get(DISABLE_REQUIRE)) else "disable-require in the config"
+        steps.add(INFO, f"requirements {clip(', '.join(asked), 1000, quote=False)} not checked ({why})")
         return False
     failed = False
     for constraint in request.requirements:
@@ -255,6 +262,6 @@ def _requirements(steps: _Steps, inv: Inventory, request: Request, env: Mapping[
             failed = True
             steps.add(PROBLEM, f"the start would fail: {exc}", "correct the NVIDIA_REQUIRE_* value")
         else:
-            steps.add(OK, f"requirement {constraint!r} is met (cuda {inv.cuda_version or '?'}, "
+            steps.add(OK, f"requirement {clip(constraint)} is met (cuda {inv.cuda_version or '?'}, "
                           f"driver {inv.driver_version})")
     return failed

@@ -89,8 +89,11 @@ def main(argv: list[str] | None = None) -> int:
         summary, code = f"{state_id(state_text)} error: {exc}", 1
         print(f"gpuhook-hook: {exc}", file=sys.stderr)
     except Exception as exc:  # noqa: BLE001 - a bug still fails the start with one line, never a traceback
-        summary, code = f"{state_id(state_text)} internal error: {type(exc).__name__}: {exc}", 1
-        print(f"gpuhook-hook: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        from gpuhook.errors import clip
+
+        what = f"internal error: {type(exc).__name__}: {clip(str(exc), quote=False)}"  # it may quote the image
+        summary, code = f"{state_id(state_text)} {what}", 1
+        print(f"gpuhook-hook: {what}", file=sys.stderr)
     elapsed = (time.monotonic() - start) * 1000
     append_log(log_file, f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {summary} took={elapsed:.1f}ms")
     return code

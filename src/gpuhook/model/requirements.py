@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from gpuhook.errors import RequestError, RequirementError
+from gpuhook.errors import RequestError, RequirementError, clip
 from gpuhook.model.inventory import Gpu, Inventory, MigDevice
 
 KEYS = ("cuda", "driver", "arch", "brand")
@@ -29,12 +29,12 @@ class Condition:
 def parse_condition(text: str) -> Condition:
     match = _COND_RE.match(text.strip())
     if not match or match.group(1) not in KEYS:
-        raise RequestError(f"invalid requirement {text!r} (expected cuda|driver|arch|brand with =,<,<=,>,>=)")
+        raise RequestError(f"invalid requirement {clip(text)} (expected cuda|driver|arch|brand with =,<,<=,>,>=)")
     key, op, value = match.groups()
     if key == "brand" and op != "=":
-        raise RequestError(f"invalid requirement {text!r}: brand only takes '='")
+        raise RequestError(f"invalid requirement {clip(text)}: brand only takes '='")
     if key != "brand" and not _VERSION_RE.fullmatch(value):
-        raise RequestError(f"invalid requirement {text!r}: {value!r} is not a version")
+        raise RequestError(f"invalid requirement {clip(text)}: {clip(value)} is not a version")
     return Condition(key, op, value)
 
 
@@ -83,6 +83,6 @@ def check(inv: Inventory, constraints: tuple[str, ...], devices: tuple[Gpu | Mig
                     c = alternatives[0]
                     where = f" on GPU {gpu.index}" if gpu is not None and c.key in ("arch", "brand") else ""
                     raise RequirementError(
-                        f"unsatisfied requirement {text!r}: {','.join(map(str, alternatives))} "
+                        f"unsatisfied requirement {clip(text)}: {clip(','.join(map(str, alternatives)), quote=False)} "
                         f"but the host has {c.key} {host_value(inv, gpu, c.key)}{where}"
                     )

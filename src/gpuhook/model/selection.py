@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuhook.errors import RequestError
+from gpuhook.errors import RequestError, clip
 from gpuhook.model import catalogue
 from gpuhook.model.edits import Selection
 from gpuhook.model.inventory import DeviceNode, Gpu, Inventory, MigDevice, normalize_bus_id
@@ -86,7 +86,7 @@ def resolve(inv: Inventory, request: Request) -> Selection:
             else:
                 found = find_device(inv, ident)
                 if found is None:
-                    raise RequestError(f"unknown device {ident!r} requested ({request.source})")
+                    raise RequestError(f"unknown device {clip(ident)} requested ({request.source})")
                 found_all = [found]
             for dev in found_all:
                 if _key(dev) not in seen:
