@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -9,13 +10,14 @@ from pathlib import Path
 from support.e2e import need_root, need_tool
 from support.runc import need_busybox
 
+GPUHOOK = str(Path(sys.executable).with_name("gpuhook"))
+
 
 def test_demo_runs_the_pipeline() -> None:
     need_root()
     need_tool("runc")
     need_busybox()
-    gpuhook = str(Path(sys.executable).with_name("gpuhook"))
-    result = subprocess.run([gpuhook, "demo"], capture_output=True, text=True, timeout=180)
+    result = subprocess.run([GPUHOOK, "demo"], capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "source:         nvml" in out and "GPUs (2):" in out
@@ -24,3 +26,30 @@ def test_demo_runs_the_pipeline() -> None:
     assert "No such device or address" in out
     assert "libcuda.so.1 -> libcuda.so.550.54.15" in out
     assert " inject devices=GPU-" in out
+    verdict = out.split("== verdict", 1)[1]
+    assert "  ok       discovery: 2 GPUs" in verdict
+    assert "  ok       CDI spec: cdiVersion 0.5.0" in verdict
+    assert "  ok       container with the prestart hook: " in verdict and "ENXIO" in verdict
+    assert "skipped" not in verdict and "failed" not in verdict
+    assert '"No such device or address" on /dev/nvidia0 is the expected success' in verdict
+
+
+def test_demo_says_what_it_skipped_and_why(tmp_path: Path) -> None:
+    """Without runc the container step is skipped, the verdict names it and why, and the demo still succeeds."""
+    need_tool("gcc")  # the simulated driver's libraries are compiled
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for folder in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        if not os.path.isdir(folder):
+            continue
+        for name in os.listdir(folder):
+            if name != "runc" and not (bin_dir / name).exists():
+                (bin_dir / name).symlink_to(os.path.join(folder, name))
+    result = subprocess.run([GPUHOOK, "demo"], capture_output=True, text=True, timeout=180,
+                            env=dict(os.environ, PATH=str(bin_dir)))
+    assert result.returncode == 0, result.stderr
+    verdict = result.stdout.split("== verdict", 1)[1]
+    assert "  ok       discovery: 2 GPUs" in verdict
+    assert "  ok       CDI spec: " in verdict
+    assert "  skipped  container with the prestart hook: needs runc" in verdict
+    assert "expected success" in verdict

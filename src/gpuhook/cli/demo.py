@@ -2,6 +2,8 @@
 
 Builds a driver root in a temp dir, discovers it, generates and validates a CDI spec, and (as root, with runc
 and a static busybox installed) starts a runc container whose prestart hook is gpuhook-hook asking for GPU 0.
+It ends with a verdict (what worked, what was skipped and why; exit 1 if a step failed) and says why ENXIO on
+the simulated node is success: a newcomer reads "No such device or address" as a failure otherwise.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import click
@@ -65,7 +68,33 @@ def _bundle(work: Path, hook: str, config: Path) -> Path:
     return work / "bundle"
 
 
-def _run_container(work: Path, root: Path) -> None:
+ENXIO_NOTE = (
+    "\"No such device or address\" on /dev/nvidia0 is the expected success: the simulated GPU node has the real\n"
+    "major:minor of an NVIDIA GPU, but no NVIDIA kernel module is loaded here. Opening it passed the container's\n"
+    "device cgroup (which the hook opened for it) and only then found no driver (ENXIO). A node the container\n"
+    "did not get would say \"No such file or directory\", one the cgroup refused \"Operation not permitted\"."
+)
+
+
+@dataclass
+class Verdict:
+    """What each step of the demo came to: (status, step, detail), status ok | skipped | failed."""
+
+    rows: list[tuple[str, str, str]] = field(default_factory=list)
+
+    def add(self, status: str, step: str, detail: str) -> None:
+        self.rows.append((status, step, detail))
+
+    @property
+    def failed(self) -> bool:
+        return any(status == "failed" for status, _, _ in self.rows)
+
+    def render(self) -> str:
+        return "\n".join(f"  {status:<8} {step}: {detail}" for status, step, detail in self.rows)
+
+
+def _run_container(work: Path, root: Path, verdict: Verdict) -> None:
+    from gpuhook.errors import clip
     from gpuhook.fakedriver.rootfs import find_static_busybox
 
     hook = str(Path(sys.executable).with_name("gpuhook-hook"))
@@ -81,7 +110,9 @@ def _run_container(work: Path, root: Path) -> None:
         if not ok
     ]
     if missing:
-        click.echo(f"skipped: needs {', '.join(missing)} (apt-get install runc busybox-static; run as root)")
+        why = f"needs {', '.join(missing)} (apt-get install runc busybox-static; run as root)"
+        click.echo(f"skipped: {why}")
+        verdict.add("skipped", "container with the prestart hook", why)
         return
     config = work / "config.toml"
     config.write_text(
@@ -106,6 +137,17 @@ def _run_container(work: Path, root: Path) -> None:
     log = work / "gpuhook.log"
     if log.exists():
         click.echo("  hook log: " + log.read_text().strip().splitlines()[-1])
+    seen = result.stdout.split("open /dev/nvidia0:", 1)[-1].splitlines()[0].strip() if result.stdout else ""
+    if result.returncode != 0:
+        last = (result.stderr.strip().splitlines() or [f"exit status {result.returncode}"])[-1]
+        verdict.add("failed", "container with the prestart hook", f"runc failed: {clip(last, quote=False)}")
+    elif seen.endswith("No such device or address") and "libcuda.so.1 -> libcuda.so." in result.stdout:
+        verdict.add("ok", "container with the prestart hook",
+                    "it saw GPU 0's node and the driver libraries; opening the node gave ENXIO, as it should here")
+    else:
+        verdict.add("failed", "container with the prestart hook",
+                    f"opening /dev/nvidia0 gave {clip(seen or 'nothing', quote=False)} (ENXIO expected), or "
+                    "libcuda.so.1 is missing")
 
 
 @click.command()
@@ -120,6 +162,7 @@ def demo(gpus: int, keep: bool) -> None:
     from gpuhook.fakedriver import build_fake_driver
     from gpuhook.model.report import format_inventory
 
+    verdict = Verdict()
     work = Path(tempfile.mkdtemp(prefix="gpuhook-demo-"))
     try:
         _step(f"simulated driver: {gpus} GPUs, MIG on the last one ({work}/driver)")
@@ -128,6 +171,7 @@ def demo(gpus: int, keep: bool) -> None:
         _step("gpuhook info")
         inv = discover(Roots.make(str(root), None, str(root / "proc")))
         click.echo(format_inventory(inv))
+        verdict.add("ok", "discovery", f"{len(inv.gpus)} GPUs and {len(inv.files)} driver files through {inv.source}")
         _step("gpuhook generate-cdi")
         hook_path = str(Path(sys.executable).with_name("gpuhook"))
         spec = build_spec(inv, hook_path=hook_path)
@@ -136,10 +180,19 @@ def demo(gpus: int, keep: bool) -> None:
         names = [f"{spec['kind']}={d['name']}" for d in spec["devices"]]
         click.echo(f"cdiVersion {spec['cdiVersion']}, {len(names)} devices: {' '.join(names)}")
         click.echo(f"validation: {'OK' if not problems else '; '.join(problems)}  (spec: {work}/nvidia.yaml)")
+        if problems:
+            verdict.add("failed", "CDI spec", "; ".join(problems))
+        else:
+            verdict.add("ok", "CDI spec", f"cdiVersion {spec['cdiVersion']}, {len(names)} devices, valid")
         _step("a container with the prestart hook")
-        _run_container(work, root)
+        _run_container(work, root, verdict)
     finally:
         if keep:
             click.echo(f"\nkept {work}")
         else:
             shutil.rmtree(work, ignore_errors=True)
+    _step("verdict")
+    click.echo(verdict.render())
+    click.echo("\n" + ENXIO_NOTE)
+    if verdict.failed:
+        raise click.exceptions.Exit(1)
