@@ -121,6 +121,21 @@ def test_procfs_fallback_when_nvml_fails(fake_driver_factory: Any) -> None:
         fake.set_fail_init(False)
 
 
+def test_unknown_values_are_null_in_json_and_unknown_in_text(fake_driver: Any) -> None:
+    """Under the procfs fallback the memory size, compute capability, brand and NUMA node are unknown: null in
+    JSON, "unknown" in text, never a 0 or -1 that reads like a value."""
+    data = info_json(fake_driver, "--discovery", "procfs")
+    for gpu in data["gpus"]:
+        assert (gpu["memory_mib"], gpu["compute_capability"], gpu["brand"], gpu["numa_node"]) == (None,) * 4
+    code, out, err = _run_cli(["info", "--driver-root", str(fake_driver.root), "--proc-root",
+                               f"{fake_driver.root}/proc", "--discovery", "procfs"])
+    assert code == 0, err
+    gpu_lines = [line for line in out.splitlines() if line.startswith("  0: ")]
+    assert gpu_lines and "unknown cc=unknown brand=unknown" in gpu_lines[0] and " 0 MiB" not in out
+    known = info_json(fake_driver, "--discovery", "nvml")["gpus"][0]
+    assert known["memory_mib"] and known["compute_capability"]  # NVML knows them
+
+
 def test_procfs_fallback_without_nvml_library(fake_driver_factory: Any) -> None:
     fake = fake_driver_factory(gpus=2, fresh=True)
     for path in Path(fake.root).glob("usr/lib/x86_64-linux-gnu/libnvidia-ml.so*"):

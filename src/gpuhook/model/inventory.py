@@ -73,15 +73,18 @@ class NvLink:
 
 @dataclass(frozen=True)
 class Gpu:
+    """None is "unknown" (procfs discovery has no memory size, compute capability, brand or NUMA node; an NVML
+    query can fail): `info --json` shows null and the text "unknown", never a 0 that reads like a value."""
+
     index: int
     minor: int
     uuid: str
     pci_bus_id: str  # 0000:18:00.0 (domain 4 hex digits, lower case)
     name: str = ""
-    memory_mib: int = 0
-    compute_capability: str = ""  # "9.0"
-    brand: str = ""  # tesla, nvidia, geforce, quadro, ...
-    numa_node: int = -1
+    memory_mib: int | None = None
+    compute_capability: str | None = None  # "9.0"
+    brand: str | None = None  # tesla, nvidia, geforce, quadro, ...
+    numa_node: int | None = None
     mig_enabled: bool = False
     mig_capable: bool = False  # NVML answers its MIG mode (procfs: only known when MIG is on)
     mig_devices: tuple[MigDevice, ...] = ()
@@ -93,11 +96,18 @@ class Gpu:
     pci_levels: tuple[int, ...] = ()  # NVML common-ancestor level to GPU i (by index); 0 for itself
     p2p_ok: tuple[bool, ...] = ()  # NVML P2P read status to GPU i is OK (by index); True for itself
 
+    def __post_init__(self) -> None:
+        """The sentinels a source may still give for "unknown" (0 MiB, "", NUMA -1; also an older cache) become
+        None, the model's one spelling of it."""
+        for name, unknown in (("memory_mib", 0), ("compute_capability", ""), ("brand", ""), ("numa_node", -1)):
+            if getattr(self, name) == unknown:
+                object.__setattr__(self, name, None)
+
 
 @dataclass
 class Inventory:
     driver_version: str
-    cuda_version: str  # driver's CUDA version "12.4", "" if unknown
+    cuda_version: str | None  # driver's CUDA version "12.4"; None (or "", made None) if unknown
     source: str  # "nvml" or "procfs"
     driver_root: str
     dev_root: str
@@ -113,6 +123,10 @@ class Inventory:
     imex_channels: list[DeviceNode] = field(default_factory=list)  # the channel nodes present, by minor
     gated_nodes: dict[str, list[DeviceNode]] = field(default_factory=dict)  # catalogue.GATED name -> nodes found
     gated_mounts: dict[str, list[DriverFile]] = field(default_factory=dict)  # name -> files mounted with them
+
+    def __post_init__(self) -> None:
+        if not self.cuda_version:
+            self.cuda_version = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

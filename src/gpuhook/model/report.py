@@ -11,6 +11,11 @@ from gpuhook.model.edits import ContainerEdits
 from gpuhook.model.inventory import DeviceNode, Inventory
 
 
+def _known(value: object, unit: str = "") -> str:
+    """A value the host may not know (None): "unknown" in text, as null in JSON."""
+    return "unknown" if value is None else f"{value}{unit}"
+
+
 def _node(n: DeviceNode) -> str:
     return f"{n.path} ({n.type} {n.major}:{n.minor})"
 
@@ -27,7 +32,7 @@ def format_inventory(inv: Inventory) -> str:
         mig = " MIG enabled" if g.mig_enabled else ""
         lines.append(
             f"  {g.index}: {g.uuid or '-'} {g.pci_bus_id or '-'} minor={g.minor} {g.name}"
-            f" {g.memory_mib} MiB cc={g.compute_capability or '-'} brand={g.brand or '-'}{mig}"
+            f" {_known(g.memory_mib, ' MiB')} cc={_known(g.compute_capability)} brand={_known(g.brand)}{mig}"
         )
         for m in g.mig_devices:
             caps = ", ".join(_node(n) for n in m.cap_nodes)

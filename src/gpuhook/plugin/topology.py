@@ -67,9 +67,9 @@ def build(inv: Inventory, devices: Iterable[PluginDevice], sys_root: str = "/sys
         if d.gpu_index not in numa_by_gpu:
             gpu = inv.gpus[d.gpu_index]
             numa = gpu.numa_node
-            if numa < 0 and gpu.pci_bus_id:
+            if numa is None and gpu.pci_bus_id:
                 numa = sysfs_numa_node(sys_root, gpu.pci_bus_id)
-            numa_by_gpu[d.gpu_index] = numa
+            numa_by_gpu[d.gpu_index] = -1 if numa is None else numa
         table[d.id] = Place(numa_by_gpu[d.gpu_index], parse_bus_id(d.pci_bus_id))
     return table
 
