@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from support import hostile
 from support.glibc import glibc_rootfs
-from support.podman import LIST_NODES, Podman, need_podman, parse_nodes
+from support.podman import LIST_NODES, RUN_FLAGS, Podman, need_podman, parse_nodes
 
 from gpuhook import _native
 
@@ -119,3 +119,21 @@ def test_hook_via_podman_skips_non_gpu_container(podman: Podman, fake_driver: An
     assert result.returncode == 0, result.stderr
     assert parse_nodes(result.stdout) == {}
     assert " skip request=unset" in (tmp_path / "gpuhook.log").read_text()
+
+
+def test_hook_via_podman_refuses_oversized_cdi_annotations(podman: Podman, fake_driver: Any, tmp_path: Path) -> None:
+    """Issue 17 through podman: `--annotation`s reach config.json, the hook bounds them before any per-name work
+    and refuses in one short line. (podman splits an --annotation value at commas and one argument is at most
+    128 KiB, so the 200,000-name value of the runc and shim tests cannot pass here: 5,000 annotations of one
+    name each are over the 4,096 bound.)"""
+    rootfs = glibc_rootfs(tmp_path / "plain", probe_cache=tmp_path / "probe")
+    annotations = [arg for i in range(5000) for arg in ("--annotation", f"cdi.k8s.io/gpuhook_{i}=nvidia.com/gpu=x{i}")]
+    cmd = podman.command("--hooks-dir", str(hooks_dir(tmp_path, fake_driver)), "run", *RUN_FLAGS, *annotations,
+                         "--rootfs", str(rootfs), "true")
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.splitlines() if "gpuhook-hook:" in line]
+    assert lines and "cdi.k8s.io/ annotations name more than 4096 devices" in lines[0], result.stderr[:2000]
+    assert len(result.stderr) < 3000
+    log = (tmp_path / "gpuhook.log").read_text().splitlines()
+    assert len(log) == 1 and "more than 4096" in log[0] and len(log[0]) < 1000
