@@ -56,7 +56,11 @@ class MigDevice:
     gi_access: str  # canonical /proc/driver/nvidia/capabilities/gpu<minor>/mig/gi<g>/access
     ci_access: str
     cap_nodes: tuple[DeviceNode, ...] = ()  # /dev/nvidia-caps/nvidia-cap<N> for gi and ci
-    memory_mib: int = 0  # NVML only
+    memory_mib: int | None = None  # NVML only; None (0 made None) when unknown, as for a GPU
+
+    def __post_init__(self) -> None:
+        if self.memory_mib == 0:
+            object.__setattr__(self, "memory_mib", None)
 
     @property
     def name(self) -> str:

@@ -61,7 +61,7 @@ def format_topology(inv: Inventory) -> list[str]:
     names = [f"GPU{g.index}" for g in inv.gpus]
     lines = ["topology:", "        " + "".join(f"{n:<6}" for n in names) + "NUMA"]
     for g, row in zip(inv.gpus, topology.matrix(inv), strict=True):
-        numa = str(g.numa_node) if g.numa_node >= 0 else "N/A"
+        numa = "N/A" if g.numa_node is None else str(g.numa_node)
         lines.append(f"  {names[g.index]:<6}" + "".join(f"{c:<6}" for c in row) + numa)
     lines.append("  legend: " + "; ".join(f"{k} = {v}" for k, v in topology.LEGEND.items()))
     return lines

@@ -79,7 +79,7 @@ class _Resource:
     product: str
     count: int
     replicas: int  # 0: sharing not applicable (MIG-enabled parents, as GFD labels them)
-    memory_mib: int = 0
+    memory_mib: int | None = None  # None: unknown (no label)
 
     def labels(self) -> dict[str, str]:
         shared = self.replicas > 1
@@ -160,7 +160,7 @@ def _version_labels(inv: Inventory) -> dict[str, str]:
             f"{PREFIX}/cuda.driver-version.revision": rev,
             f"{PREFIX}/cuda.driver-version.full": inv.driver_version,
         })
-    cuda_major, dot, cuda_minor = inv.cuda_version.partition(".")
+    cuda_major, dot, cuda_minor = (inv.cuda_version or "").partition(".")
     if dot and cuda_major.isdigit() and cuda_minor.isdigit():
         out.update({
             f"{PREFIX}/cuda.runtime.major": cuda_major,
