@@ -196,6 +196,8 @@ def test_huge_device_lists_are_refused_in_one_bounded_line() -> None:
         parse_request([], (), spread)
     with pytest.raises(RequestError, match="^NVIDIA_MIG_CONFIG_DEVICES is"):
         parse_request(["NVIDIA_VISIBLE_DEVICES=0", f"NVIDIA_MIG_CONFIG_DEVICES={many}"], privileged=True)
+    with pytest.raises(RequestError, match="^NVIDIA_IMEX_CHANNELS names 10000 devices, more than 4096"):
+        parse_request(["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_IMEX_CHANNELS=" + ",".join(["1"] * 10_000)])
     # the bound itself is accepted, duplicates collapse in order
     at_bound = ",".join(str(i % 2048) for i in range(4096))
     assert parse_request([f"NVIDIA_VISIBLE_DEVICES={at_bound}"]).devices == tuple(str(i) for i in range(2048))

@@ -283,15 +283,14 @@ def imex_channel_id(text: str, origin: str) -> str:
 
 
 def imex_channel_ids(items: Iterable[str], origin: str) -> tuple[str, ...]:
-    """Channel numbers, duplicates collapsed; `all` anywhere in the list means every channel the host has."""
-    out: list[str] = []
+    """Channel numbers, duplicates collapsed (in linear time); `all` anywhere in the list means every channel the
+    host has."""
+    out: dict[str, None] = {}
     for item in (i.strip() for i in items):
         if item == "all":
             return ("all",)
         if item:
-            channel = imex_channel_id(item, origin)
-            if channel not in out:
-                out.append(channel)
+            out[imex_channel_id(item, origin)] = None
     return tuple(out)
 
 
@@ -303,6 +302,8 @@ def imex_volume_mounts(mounts: Sequence[Mapping[str, object]]) -> tuple[str, ...
         dest, source = m.get("destination"), m.get("source")
         if isinstance(dest, str) and dest.startswith(prefix) and source == "/dev/null":
             ids.append(dest[len(prefix):].strip("/"))
+            if len(ids) > MAX_IDS:
+                raise RequestError(f"more than {MAX_IDS} device mounts under {IMEX_VOLUME_MOUNT_DIR}")
     return imex_channel_ids(ids, f"a volume mount under {IMEX_VOLUME_MOUNT_DIR}")
 
 
@@ -325,7 +326,7 @@ def imex_channel_request(
     if not privileged and not policy.accept_envvar_unprivileged:
         notes.append(f"{IMEX_CHANNELS} ignored: unprivileged container and accept-envvar-unprivileged is false")
         return ()
-    return imex_channel_ids(value.split(","), IMEX_CHANNELS)
+    return imex_channel_ids(split_ids(IMEX_CHANNELS, value), IMEX_CHANNELS)
 
 
 def gated_devices(env: Mapping[str, str]) -> tuple[str, ...]:
