@@ -85,7 +85,7 @@ def test_imex_volume_mounts_win_when_accepted() -> None:
 
 
 def test_imex_env_of_unprivileged_container_follows_the_policy() -> None:
-    policy = Policy(accept_envvar_unprivileged=False)
+    policy = Policy(accept_envvar_unprivileged=False, accept_volume_mounts=True)  # mounts are off by default
     mounts = [{"destination": "/var/run/nvidia-container-devices/0", "source": "/dev/null"}]
     request = parse_request([GPU, "NVIDIA_IMEX_CHANNELS=3"], mounts, policy=policy)
     assert request.devices == ("0",) and request.imex_channels == ()
