@@ -23,7 +23,7 @@ from gpuhook.discover import Inventory, Roots, discover
 from gpuhook.discover.fingerprint import fingerprint
 from gpuhook.discover.roots import join
 from gpuhook.errors import GpuhookError
-from gpuhook.fileio.atomic import write_atomic
+from gpuhook.fileio.atomic import read_regular, write_atomic
 from gpuhook.fileio.inotify import (
     IN_CLOSE_WRITE,
     IN_CREATE,
@@ -94,10 +94,10 @@ def usable_devices(inv: Inventory) -> tuple[list[Device], list[str]]:
 
 
 def _current(path: str) -> bytes | None:
+    """The spec now at `path`; None when absent or not a regular file (read_regular never blocks on a FIFO)."""
     try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError:
+        return read_regular(path)
+    except (OSError, GpuhookError):
         return None
 
 

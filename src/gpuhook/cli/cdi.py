@@ -93,8 +93,7 @@ def generate_cdi(driver_root: str, dev_root: str | None, proc_root: str | None, 
         return
     from gpuhook.fileio.atomic import write_atomic
 
-    write_atomic(output, text.encode(), 0o644)
-    if not codec.has_spec_extension(output):
+    if write_atomic(output, text.encode(), 0o644) and not codec.has_spec_extension(output):
         click.echo(f"gpuhook: note: CDI loaders read only *.yaml and *.json files; {output} will be ignored",
                    err=True)
 

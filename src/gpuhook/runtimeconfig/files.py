@@ -19,7 +19,7 @@ from tomlkit.exceptions import TOMLKitError
 from tomlkit.toml_document import TOMLDocument
 
 from gpuhook.errors import ConfigError
-from gpuhook.fileio.atomic import write_atomic
+from gpuhook.fileio.atomic import FileKindError, read_regular, write_atomic
 
 BACKUP_SUFFIX = ".gpuhook.bak"
 NEW_FILE_MODE = 0o644
@@ -49,12 +49,14 @@ def target(path: str) -> str:
 
 
 def read_text(path: str) -> str | None:
-    """The file's text (bytes decoded, newlines untouched so a backup is byte-exact), None when absent."""
+    """The file's text (bytes decoded, newlines untouched so a backup is byte-exact), None when absent;
+    ConfigError for anything that is not a regular file (opened non-blocking: a FIFO cannot hang the command)."""
     try:
-        with open(path, "rb") as file:
-            data = file.read()
+        data = read_regular(path)
     except FileNotFoundError:
         return None
+    except FileKindError as exc:  # a device, FIFO or socket is never a config: refuse before anything is written
+        raise ConfigError(f"cannot use {path}: it is {exc.kind}, not a regular file") from None
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
     try:

@@ -26,6 +26,7 @@ import tomlkit
 from tomlkit.toml_document import TOMLDocument
 
 from gpuhook.errors import ConfigError
+from gpuhook.fileio.atomic import FileKindError, read_regular
 from gpuhook.runtimeconfig import hookspec
 from gpuhook.runtimeconfig.files import BACKUP_SUFFIX, FileChange, parse_json_object, parse_toml, read_text, target
 from gpuhook.runtimeconfig.tomledit import add_items, check, dotted, ensure_table, lookup, set_value
@@ -292,9 +293,8 @@ def _inherited(path: str, earlier: Sequence[str], keys: tuple[str, ...], default
 def _toml_value(path: str, keys: tuple[str, ...]) -> Any:
     """`keys` in a TOML file that may be absent or broken (None then): only ever used for notes and defaults."""
     try:
-        with open(path, "rb") as file:
-            return lookup(tomllib.load(file), keys)
-    except (OSError, tomllib.TOMLDecodeError):
+        return lookup(tomllib.loads(read_regular(path).decode()), keys)
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, FileKindError):
         return None
 
 
