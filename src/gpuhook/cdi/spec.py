@@ -152,10 +152,10 @@ def build_spec(
     owner: dict[str, str] = {}
     per_device: list[ContainerEdits] = []
     for device in chosen:
+        gap = inv.device_gap(device)
+        if gap:
+            raise CdiError(f"{_describe(device)}: {gap} (are the driver's /dev/nvidia* nodes created?)")
         edits = _device_only(device_edits(inv, device, ALL_CAPABILITIES))
-        if not edits.device_nodes:
-            raise CdiError(f"{_describe(device)}: no device node under dev root {inv.dev_root} "
-                           "(are the driver's /dev/nvidia* nodes created?)")
         per_device.append(edits)
         for name in device_names(inv, device, name_strategies):
             problem = names.device_name_problem(name)

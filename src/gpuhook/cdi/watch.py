@@ -84,12 +84,11 @@ def usable_devices(inv: Inventory) -> tuple[list[Device], list[str]]:
     keep: list[Device] = []
     left_out: list[str] = []
     for device in default_devices(inv):
-        gpu = device if isinstance(device, Gpu) else inv.gpus[device.gpu_index]
-        if gpu.node is not None:
+        gap = inv.device_gap(device)
+        if not gap:
             keep.append(device)
         else:
-            name = f"GPU {device.index}" if isinstance(device, Gpu) else f"MIG device {device.name}"
-            left_out.append(f"{name} has no device node under {inv.dev_root}: left out of the spec until it appears")
+            left_out.append(f"{gap}: left out of the spec until it appears")
     return keep, left_out
 
 

@@ -11,6 +11,7 @@ from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from gpuhook.errors import RequestError
 from gpuhook.model import catalogue
 from gpuhook.model.inventory import DeviceNode, DriverFile, Gpu, Inventory, MigDevice
 
@@ -187,9 +188,39 @@ def gated_edits(inv: Inventory, name: str) -> ContainerEdits:
     return ContainerEdits(device_nodes=list(nodes), mounts=[_mount(f) for f in files])
 
 
+# Capabilities whose libraries a host may lack without the request being wrong: `all` asks for whatever the
+# driver has, so only these must be present then.
+_ESSENTIAL = frozenset(catalogue.DEFAULT_CAPABILITIES)
+# display is graphics plus a node; its libraries are graphics'.
+_LIBRARY_CAPABILITIES = frozenset(catalogue.CAPABILITIES) - {"display", "compat32"}
+
+
+def capability_gap(inv: Inventory, capabilities: frozenset[str]) -> str:
+    """Why the driver cannot serve `capabilities` (a named capability without any of its libraries); ""."""
+    caps = catalogue.expand_capabilities(capabilities)
+    wanted = _ESSENTIAL if caps >= ALL_CAPABILITIES else caps & _LIBRARY_CAPABILITIES
+    have = {f.capability for f in inv.files if f.kind == "lib"}
+    for cap in sorted(wanted - have):
+        return f"no driver library for capability {cap!r} under driver root {inv.driver_root}"
+    if "compat32" in caps and caps < ALL_CAPABILITIES and not any(f.kind == "lib32" for f in inv.files):
+        return f"no 32-bit driver library (capability 'compat32') under driver root {inv.driver_root}"
+    return ""
+
+
 def plan(inv: Inventory, selection: Selection) -> ContainerEdits:
-    """Everything one container gets for `selection`: the hook's and `gpuhook list`'s single source."""
+    """Everything one container gets for `selection`: the hook's, the shim's and `gpuhook list`'s single
+    source. RequestError when a selected device lacks its nodes, the control node is missing, or a requested
+    capability has no library: a start that cannot get everything it asked for fails, never a smaller one."""
     caps = selection.capabilities
+    for device in selection.devices:
+        gap = inv.device_gap(device)
+        if gap:
+            raise RequestError(gap)
+    if selection.devices and catalogue.CTL_NODE not in inv.control_nodes:
+        raise RequestError(f"no device node /dev/{catalogue.CTL_NODE} under {inv.dev_root}")
+    gap = capability_gap(inv, caps)
+    if gap:
+        raise RequestError(gap)
     common = common_edits(inv, caps, mig_config=selection.mig_config, mig_monitor=selection.mig_monitor)
     extra = [imex_edits(selection.imex_channels), *(gated_edits(inv, name) for name in selection.gated)]
     return merge_all([*(device_edits(inv, d, caps) for d in selection.devices), common, *extra])

@@ -177,3 +177,34 @@ class Inventory:
 
     def all_mig_devices(self) -> list[MigDevice]:
         return [m for g in self.gpus for m in g.mig_devices]
+
+    def device_gap(self, device: Gpu | MigDevice) -> str:
+        """Why `device` cannot be given to a container (its GPU has no node, a MIG device lacks its gi/ci
+        nvidia-caps nodes); "" when it is whole. The one check behind the hook, the shim, the CDI generator and
+        the inventory cache, so a start never gets a device without the nodes that make it usable."""
+        if isinstance(device, MigDevice):
+            gpu = self.gpus[device.gpu_index] if 0 <= device.gpu_index < len(self.gpus) else None
+            name = f"MIG device {device.name}" + (f" ({device.uuid})" if device.uuid else "")
+            if gpu is None:
+                return f"{name}: its GPU {device.gpu_index} is not in the inventory"
+            if gpu.node is None:
+                return f"{name}: its GPU has no device node /dev/nvidia{gpu.minor} under {self.dev_root}"
+            if len(device.cap_nodes) < 2:
+                return (f"{name} has no nvidia-caps device nodes for {device.gi_access} and {device.ci_access} "
+                        f"under {self.dev_root} (error getting MIG capability device paths)")
+            return ""
+        if device.node is None:
+            return f"GPU {device.index} has no device node /dev/nvidia{device.minor} under {self.dev_root}"
+        return ""
+
+    def incomplete(self) -> str:
+        """Why this inventory cannot be trusted as a whole (a scan that raced a driver change), "" if it can:
+        a driver version, and every GPU and MIG device with the nodes that make it usable."""
+        if not self.driver_version:
+            return "no driver version"
+        for gpu in self.gpus:
+            for device in (gpu, *gpu.mig_devices):
+                gap = self.device_gap(device)
+                if gap:
+                    return gap
+        return ""
