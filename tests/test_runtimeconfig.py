@@ -664,3 +664,95 @@ def test_recorder_needs_no_podman(tmp_path: Path) -> None:
     subprocess.run([str(script), "prestart"], input='{"pid": 1, "bundle": "/b", "id": "x"}', text=True,
                    check=True, env={"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"})
     assert_recorded(out)
+
+
+# --- containerd's base spec carries only what CRI applies anyway (issue 12, host safety item 2) ---------------
+
+# `ctr oci spec` of containerd 1.7 (oci.populateDefaultUnixSpec), capabilities and paths shortened.
+CTR_OCI_SPEC = {
+    "ociVersion": "1.1.0",
+    "process": {"user": {"uid": 0, "gid": 0}, "cwd": "/",
+                "capabilities": {"bounding": ["CAP_CHOWN", "CAP_KILL"], "effective": ["CAP_CHOWN", "CAP_KILL"],
+                                 "permitted": ["CAP_CHOWN", "CAP_KILL"]},
+                "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 1024, "soft": 1024}], "noNewPrivileges": True},
+    "root": {"path": "rootfs"},
+    "mounts": [{"destination": "/proc", "type": "proc", "source": "proc", "options": ["nosuid", "noexec", "nodev"]},
+               {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
+                "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
+               {"destination": "/run", "type": "tmpfs", "source": "tmpfs",
+                "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]}],
+    "linux": {"resources": {"devices": [{"allow": False, "access": "rwm"}]},
+              "namespaces": [{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"},
+                             {"type": "network"}],
+              "maskedPaths": ["/proc/acpi", "/proc/kcore"], "readonlyPaths": ["/proc/bus", "/proc/sys"]},
+}
+
+
+@pytest.fixture
+def containerd_ctr(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    bin_dir = tmp_path / "ctrbin"
+    bin_dir.mkdir()
+    ctr = bin_dir / "ctr"
+    ctr.write_text(f'#!/bin/sh\n[ "$1 $2" = "oci spec" ] || exit 2\ncat <<\'END\'\n{json.dumps(CTR_OCI_SPEC)}\nEND\n')
+    ctr.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
+    return ctr
+
+
+def test_containerd_base_spec_changes_nothing_but_the_hook(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                           containerd_ctr: Path) -> None:
+    """CRI drops the default spec's rlimits (containerd/cri#515) and /run mount; a base spec that kept them
+    would cap every container on the node at 1024 open files (kubernetes-sigs/kind#2532)."""
+    config = tmp_path / "config.toml"
+    config.write_text("version = 2\n")
+    code, _, err = configure(capsys, "--runtime", "containerd", "--mode", "hook", "--config", str(config),
+                             "--hook-path", HOOK)
+    assert code == 0, err
+    spec = json.loads((tmp_path / "gpuhook-base-spec.json").read_text())
+    wanted = copy.deepcopy(CTR_OCI_SPEC)
+    del wanted["process"]["rlimits"]  # type: ignore[attr-defined]
+    wanted["mounts"] = [m for m in wanted["mounts"] if m["destination"] != "/run"]  # type: ignore[index,union-attr]
+    wanted["hooks"] = {"prestart": [hookspec.oci_hook(HOOK)]}
+    assert spec == wanted
+
+
+def test_hook_mode_passes_the_hooks_config(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                           containerd_ctr: Path) -> None:
+    hook_config = "/etc/gpuhook/site.toml"
+    config = tmp_path / "config.toml"
+    config.write_text("version = 2\n")
+    code, _, err = configure(capsys, "--runtime", "containerd", "--mode", "hook", "--config", str(config),
+                             "--hook-path", HOOK, "--hook-config", hook_config)
+    assert code == 0, err
+    entry = json.loads((tmp_path / "gpuhook-base-spec.json").read_text())["hooks"]["prestart"]
+    assert entry == [{"path": HOOK, "args": ["gpuhook-hook", "--config", hook_config, "prestart"],
+                      "env": list(hookspec.HOOK_ENV)}]
+    # configuring again with another config updates the one entry, never adds a second
+    code, _, err = configure(capsys, "--runtime", "containerd", "--mode", "hook", "--config", str(config),
+                             "--hook-path", HOOK)
+    assert code == 0, err
+    assert json.loads((tmp_path / "gpuhook-base-spec.json").read_text())["hooks"]["prestart"] == [
+        hookspec.oci_hook(HOOK)]
+
+    hooks = tmp_path / "hooks.d"
+    code, _, err = configure(capsys, "--runtime", "podman", "--mode", "hook", "--config", str(tmp_path / "c.conf"),
+                             "--hooks-dir", str(hooks), "--hook-path", HOOK, "--hook-config", hook_config)
+    assert code == 0, err
+    assert json.loads((hooks / "gpuhook.json").read_text())["hook"]["args"] == [
+        "gpuhook-hook", "--config", hook_config, "prestart"]
+
+    code, _, err = configure(capsys, "--runtime", "docker", "--mode", "hook", "--config", str(tmp_path / "d.json"),
+                             "--hook-config", hook_config)
+    assert code == 1 and "GPUHOOK_CONFIG" in err and not (tmp_path / "d.json").exists()
+    code, _, err = configure(capsys, "--runtime", "podman", "--mode", "hook", "--config", str(tmp_path / "c.conf"),
+                             "--hooks-dir", str(hooks), "--hook-config", "site.toml")
+    assert code == 1 and "--hook-config must be an absolute path" in err
+
+
+def test_hook_mode_defaults_to_the_installed_entry_script(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Without --hook-path the hook is where `gpuhook hook install` writes it."""
+    hooks = tmp_path / "hooks.d"
+    code, _, err = configure(capsys, "--runtime", "podman", "--mode", "hook", "--config", str(tmp_path / "c.conf"),
+                             "--hooks-dir", str(hooks))
+    assert code == 0, err
+    assert json.loads((hooks / "gpuhook.json").read_text())["hook"]["path"] == "/usr/local/bin/gpuhook-hook"

@@ -22,12 +22,16 @@ def runtime() -> None:
 @click.option("--hooks-dir", default=None, metavar="DIR",
               help="crio/podman hook mode: where gpuhook.json goes [default: /etc/containers/oci/hooks.d].")
 @click.option("--hook-path", default=None, metavar="PATH",
-              help="Hook program to register [default: gpuhook-hook next to this Python].")
+              help="Hook program to register [default: /usr/local/bin/gpuhook-hook, where `gpuhook hook install` "
+                   "writes it].")
+@click.option("--hook-config", default=None, metavar="FILE",
+              help="Hook mode: the hook's own config file, passed to it as --config FILE [default: none, the hook "
+                   "reads /etc/gpuhook/config.toml].")
 @click.option("--dry-run", is_flag=True, help="Print the diff; change nothing.")
 def configure(runtime_name: str, config_path: str | None, mode: str, hooks_dir: str | None, hook_path: str | None,
-              dry_run: bool) -> None:
+              hook_config: str | None, dry_run: bool) -> None:
     """Edit the runtime's config in place (comments and other settings kept, backup <file>.gpuhook.bak)."""
-    result = plan(Options(runtime_name, mode, config_path, hooks_dir, hook_path))
+    result = plan(Options(runtime_name, mode, config_path, hooks_dir, hook_path, hook_config))
     for note in result.notes:
         click.echo(f"note: {note}", err=True)
     _report(result, dry_run)

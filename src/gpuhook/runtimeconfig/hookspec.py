@@ -21,16 +21,19 @@ HOOKS_D_FILE = "gpuhook.json"
 OCI_HOOKS_VERSION = "1.0.0"
 
 
-def oci_hook(path: str) -> dict[str, Any]:
-    """The entry for config.json `hooks.prestart` (runc, containerd's base spec)."""
-    return {"path": path, "args": list(HOOK_ARGS), "env": list(HOOK_ENV)}
+def oci_hook(path: str, config: str | None = None) -> dict[str, Any]:
+    """The entry for config.json `hooks.prestart` (runc, containerd's base spec); `config`: the hook's own
+    config file, passed as `--config FILE` (gpuhook-hook's usage: `[--config FILE] [prestart|createRuntime]`)."""
+    name, stage = HOOK_ARGS
+    args = [name, "--config", config, stage] if config else [name, stage]
+    return {"path": path, "args": args, "env": list(HOOK_ENV)}
 
 
-def hooks_d_config(path: str) -> dict[str, Any]:
+def hooks_d_config(path: str, config: str | None = None) -> dict[str, Any]:
     """oci-hooks(5) 1.0.0 for podman and CRI-O; `always` because the hook itself decides, see oci-hooks.d/."""
     return {
         "version": OCI_HOOKS_VERSION,
-        "hook": oci_hook(path),
+        "hook": oci_hook(path, config),
         "when": {"always": True},
         "stages": ["prestart"],
     }

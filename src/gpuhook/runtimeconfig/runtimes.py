@@ -66,6 +66,7 @@ class Options:
     config: str | None = None
     hooks_dir: str | None = None
     hook_path: str | None = None
+    hook_config: str | None = None  # the hook's own config file, passed in the hook entry as --config FILE
 
 
 @dataclass
@@ -90,19 +91,23 @@ def plan(opts: Options) -> Plan:
 def _check_options(opts: Options) -> None:
     if opts.runtime not in RUNTIMES or opts.mode not in MODES:
         raise ConfigError(f"unknown runtime {opts.runtime!r} or mode {opts.mode!r}")
-    if opts.mode == "cdi" and (opts.hooks_dir or opts.hook_path):
-        raise ConfigError("--hooks-dir and --hook-path only apply to --mode hook")
+    if opts.mode == "cdi" and (opts.hooks_dir or opts.hook_path or opts.hook_config):
+        raise ConfigError("--hooks-dir, --hook-path and --hook-config only apply to --mode hook")
+    if opts.hook_config and opts.runtime == "docker":
+        raise ConfigError("--hook-config does not apply to docker: its runtime shim reads GPUHOOK_CONFIG "
+                          "(default /etc/gpuhook/config.toml)")
     if opts.hooks_dir and opts.runtime not in ("crio", "podman"):
         raise ConfigError(f"--hooks-dir only applies to crio and podman ({opts.runtime} has no hooks directory)")
-    for name, value in (("--hooks-dir", opts.hooks_dir), ("--hook-path", opts.hook_path)):
+    for name, value in (("--hooks-dir", opts.hooks_dir), ("--hook-path", opts.hook_path),
+                        ("--hook-config", opts.hook_config)):
         if value is not None and not os.path.isabs(value):
             raise ConfigError(f"{name} must be an absolute path, not {value!r}")
 
 
 def _hook_path(opts: Options, result: Plan) -> str:
-    """The hook to register: --hook-path, else the installed one; a missing file is worth a loud note because
-    podman and CRI-O silently skip a hook whose path does not exist."""
-    path = opts.hook_path or hookspec.installed_hook_path()
+    """The hook to register: --hook-path, else where `gpuhook hook install` writes its lean entry script; a
+    missing file is worth a loud note because podman and CRI-O silently skip a hook whose path does not exist."""
+    path = opts.hook_path or hookspec.DEFAULT_HOOK_PATH
     if not os.path.isfile(path):
         result.notes.append(f"{path} does not exist (yet); runtimes skip or fail a hook whose program is missing")
     return path
@@ -167,7 +172,7 @@ def _containerd(opts: Options) -> Plan:
     change = _toml_change(path, old, doc)
     check(where, change.new, (*runtime_keys, "base_runtime_spec"), lambda v: v == base)
     # The base spec first: the config must never name a file that is not there yet.
-    result.changes += [_base_spec_change(base, hook), change]
+    result.changes += [_base_spec_change(base, hook, opts.hook_config), change]
     result.notes.append(f"the base spec replaces containerd's built-in default spec for runtime {runtime_keys[-1]!r}; "
                         "containers created before the restart keep their old spec")
     return result
@@ -190,21 +195,55 @@ def _containerd_runtime(
     return runtime_keys, base
 
 
-def _base_spec_change(where: str, hook: str) -> FileChange:
-    """The base OCI spec with the prestart hook added (once); a missing spec starts from `ctr oci spec`, as
-    containerd's documentation recommends."""
+def _base_spec_change(where: str, hook: str, hook_config: str | None) -> FileChange:
+    """The base OCI spec with the prestart hook added (once; an entry for the same program is updated); a
+    missing spec starts from `ctr oci spec` cut down to what CRI applies anyway (`cri_default_spec`)."""
     path = target(where)
     old = read_text(path)
-    spec = parse_json_object(where, old if old is not None else _ctr_default_spec(where))
+    spec = parse_json_object(where, old) if old is not None else cri_default_spec(_ctr_default_spec(where))
     hooks = spec.setdefault("hooks", {})
     prestart = hooks.setdefault("prestart", []) if isinstance(hooks, dict) else None
     if not isinstance(prestart, list):
         raise ConfigError(f"{where}: `hooks` must be an object and `hooks.prestart` a list")
-    if not any(isinstance(h, dict) and h.get("path") == hook for h in prestart):
-        prestart.append(hookspec.oci_hook(hook))
+    wanted = hookspec.oci_hook(hook, hook_config)
+    mine = [i for i, h in enumerate(prestart) if isinstance(h, dict) and h.get("path") == hook]
+    if not mine:
+        prestart.append(wanted)
+    elif prestart[mine[0]] != wanted:
+        prestart[mine[0]] = wanted
     elif old is not None:
         return FileChange(path, old, old)
     return FileChange(path, old, hookspec.render_json(spec))
+
+
+# What containerd's CRI plugin removes from its default spec (oci.populateDefaultUnixSpec, which `ctr oci spec`
+# prints) before building a container's spec, in criService's spec generation and
+# customopts.WithoutRunMount / WithoutDefaultSecuritySettings. A base_runtime_spec replaces that default whole
+# and CRI applies it as given, so anything kept here would reach every container on the node: above all
+# `process.rlimits` (RLIMIT_NOFILE 1024:1024 instead of containerd's own limit, kubernetes-sigs/kind#2532).
+_CRI_DROPS_PROCESS = ("rlimits", "apparmorProfile")
+_CRI_DROPS_LINUX = ("seccomp",)
+_CRI_DROPS_MOUNTS = ("/run",)
+
+
+def cri_default_spec(text: str) -> dict[str, Any]:
+    """`ctr oci spec` output as CRI would use it for a container without a base spec: no rlimits, no
+    apparmor/seccomp defaults (CRI sets those from the pod's security context), no /run mount."""
+    spec = parse_json_object("`ctr oci spec` output", text)
+    process = spec.get("process")
+    if isinstance(process, dict):
+        for key in _CRI_DROPS_PROCESS:
+            process.pop(key, None)
+    linux = spec.get("linux")
+    if isinstance(linux, dict):
+        for key in _CRI_DROPS_LINUX:
+            linux.pop(key, None)
+    mounts = spec.get("mounts")
+    if isinstance(mounts, list):
+        spec["mounts"] = [m for m in mounts
+                          if not (isinstance(m, dict) and os.path.normpath(str(m.get("destination", ""))) in
+                                  _CRI_DROPS_MOUNTS)]
+    return spec
 
 
 def _ctr_default_spec(where: str) -> str:
@@ -238,7 +277,7 @@ def _crio(opts: Options) -> Plan:
         hooks_dir = opts.hooks_dir or DEFAULT_HOOKS_DIR
         key, wanted = "hooks_dir", (hooks_dir,)
         default = _inherited(path, [CRIO_CONFIG], (*keys, key), (BUILTIN_HOOKS_DIR,))
-        result.changes.append(_hooks_d_change(hooks_dir, _hook_path(opts, result)))
+        result.changes.append(_hooks_d_change(hooks_dir, _hook_path(opts, result), opts.hook_config))
     add_items(where, table, (*keys, key), wanted, default)
     change = _toml_change(path, old, doc, _crio_backup(path))
     check(where, change.new, (*keys, key), _has_all(wanted))
@@ -274,7 +313,7 @@ def _podman(opts: Options) -> Plan:
     add_items(where, engine, keys, (hooks_dir,), default)
     change = _toml_change(path, old, doc)
     check(where, change.new, keys, _has_all((hooks_dir,)))
-    result.changes += [_hooks_d_change(hooks_dir, _hook_path(opts, result)), change]
+    result.changes += [_hooks_d_change(hooks_dir, _hook_path(opts, result), opts.hook_config), change]
     result.notes += _overrides(path, _dropins(path, "containers.conf.d", "*.conf"), keys)
     return result
 
@@ -298,11 +337,11 @@ def _toml_value(path: str, keys: tuple[str, ...]) -> Any:
         return None
 
 
-def _hooks_d_change(hooks_dir: str, hook: str) -> FileChange:
-    """gpuhook.json in the hooks dir, naming the real hook program."""
+def _hooks_d_change(hooks_dir: str, hook: str, hook_config: str | None) -> FileChange:
+    """gpuhook.json in the hooks dir, naming the real hook program (and its config file, when given)."""
     path = target(os.path.join(hooks_dir, hookspec.HOOKS_D_FILE))
     old = read_text(path)
-    return FileChange(path, old, hookspec.render_json(hookspec.hooks_d_config(hook)))
+    return FileChange(path, old, hookspec.render_json(hookspec.hooks_d_config(hook, hook_config)))
 
 
 def _dropins(path: str, dirname: str, pattern: str) -> list[str]:
@@ -338,8 +377,8 @@ def _docker(opts: Options) -> Plan:
         result.notes.append("CDI needs Docker >= 25 (`docker run --device nvidia.com/gpu=0`); "
                             "older Docker: --mode hook")
     else:
-        hook = _hook_path(opts, result)
-        shim = os.path.join(os.path.dirname(hook), RUNTIME_SHIM)
+        # the shim is a console script installed with gpuhook, beside the interpreter (or beside --hook-path)
+        shim = os.path.join(os.path.dirname(opts.hook_path or hookspec.installed_hook_path()), RUNTIME_SHIM)
         entry = _json_object(where, _json_object(where, data, "runtimes"), DOCKER_RUNTIME)
         changed = entry.get("path") != shim
         entry["path"] = shim
