@@ -756,3 +756,28 @@ def test_hook_mode_defaults_to_the_installed_entry_script(tmp_path: Path, capsys
                              "--hooks-dir", str(hooks))
     assert code == 0, err
     assert json.loads((hooks / "gpuhook.json").read_text())["hook"]["path"] == "/usr/local/bin/gpuhook-hook"
+
+
+# --- daemon.json keeps its layout (issue 12, operations item 13) ---------------------------------------------
+
+@pytest.mark.parametrize("indent", ["    ", "\t", None], ids=["4-spaces", "tab", "one-line"])
+def test_docker_edit_keeps_indent_and_key_order(indent: str | None, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    original_data = {"storage-driver": "overlay2", "log-level": "warn", "registry-mirrors": ["https://m.local"],
+                     "data-root": "/srv/docker"}
+    original = json.dumps(original_data, indent=indent) + "\n"
+    config = tmp_path / "daemon.json"
+    config.write_text(original)
+    code, out, err = configure(capsys, "--runtime", "docker", "--config", str(config), "--dry-run")
+    assert code == 0, err
+    removed = [line for line in out.splitlines() if line.startswith("-") and not line.startswith("---")]
+    added = [line for line in out.splitlines() if line.startswith("+") and not line.startswith("+++")]
+    if indent is None:
+        assert len(removed) == 1 and len(added) == 1  # one line, rewritten
+    else:
+        assert removed == [f'-{indent}"data-root": "/srv/docker"'], out  # only the comma it gains
+        assert added == [f'+{indent}"data-root": "/srv/docker",', f'+{indent}"features": {{',
+                         f'+{indent}{indent}"cdi": true', f'+{indent}}}'], out
+    code, out, err = configure(capsys, "--runtime", "docker", "--config", str(config))
+    assert code == 0, err
+    assert config.read_text() == json.dumps({**original_data, "features": {"cdi": True}}, indent=indent) + "\n"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import re
 import tomllib
 from dataclasses import dataclass
 from typing import Any
@@ -85,6 +86,17 @@ def parse_json_object(path: str, text: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"cannot parse {path}: the top level is not a JSON object")
     return data
+
+
+def render_json_like(old: str | None, data: Any) -> str:
+    """`data` as JSON laid out like the file it replaces: the same indent unit (spaces or a tab, taken from the
+    first indented line; none for a one-line file) and the same final newline, keys in the order parsed, so a
+    diff shows only what changed. A new or empty file gets gpuhook's layout (2-space indent, final newline)."""
+    if old is None or not old.strip():
+        return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+    match = re.search(r"\n([ \t]+)\S", old)
+    text = json.dumps(data, indent=match.group(1) if match else None, ensure_ascii=False)
+    return text + ("\n" if old.endswith("\n") else "")
 
 
 def unified_diff(change: FileChange) -> str:

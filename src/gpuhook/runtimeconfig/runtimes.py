@@ -28,7 +28,15 @@ from tomlkit.toml_document import TOMLDocument
 from gpuhook.errors import ConfigError
 from gpuhook.fileio.atomic import FileKindError, read_regular
 from gpuhook.runtimeconfig import hookspec
-from gpuhook.runtimeconfig.files import BACKUP_SUFFIX, FileChange, parse_json_object, parse_toml, read_text, target
+from gpuhook.runtimeconfig.files import (
+    BACKUP_SUFFIX,
+    FileChange,
+    parse_json_object,
+    parse_toml,
+    read_text,
+    render_json_like,
+    target,
+)
 from gpuhook.runtimeconfig.tomledit import add_items, check, dotted, ensure_table, lookup, set_value
 
 RUNTIMES = ("containerd", "crio", "docker", "podman")
@@ -213,7 +221,7 @@ def _base_spec_change(where: str, hook: str, hook_config: str | None) -> FileCha
         prestart[mine[0]] = wanted
     elif old is not None:
         return FileChange(path, old, old)
-    return FileChange(path, old, hookspec.render_json(spec))
+    return FileChange(path, old, render_json_like(old, spec))
 
 
 # What containerd's CRI plugin removes from its default spec (oci.populateDefaultUnixSpec, which `ctr oci spec`
@@ -364,7 +372,7 @@ def _overrides(path: str, later: Sequence[str], keys: tuple[str, ...]) -> list[s
 
 
 def _docker(opts: Options) -> Plan:
-    """daemon.json, created when absent; rewritten with 2-space indent and key order kept, only when it changes."""
+    """daemon.json, created when absent; rewritten with its own indent and key order, only when it changes."""
     where = opts.config or DOCKER_CONFIG
     path = target(where)
     old = read_text(path)
@@ -387,7 +395,7 @@ def _docker(opts: Options) -> Plan:
                                 f"{RUNTIME_SHIM}, the runc wrapper installed with gpuhook beside gpuhook-hook")
         result.notes.append(f"containers get the hook with `docker run --runtime {DOCKER_RUNTIME}`, or for every "
                             f'container with `"default-runtime": "{DOCKER_RUNTIME}"` in {where}')
-    new = hookspec.render_json(data) if changed or old is None else old
+    new = render_json_like(old, data) if changed or old is None else old
     result.changes.append(FileChange(path, old, new))
     return result
 
