@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import re
 import shutil
 import signal
 import threading
@@ -637,3 +639,27 @@ def test_plan_errors_are_one_line() -> None:
     assert parse_xids(" 13, 31 ,") == frozenset({13, 31}) and parse_xids("") == frozenset()
     with pytest.raises(ValueError):
         parse_xids("13,x")
+
+
+# -- the allocation log (issue 12, operations item 14) ------------------------------------------------------------
+
+
+def test_allocate_and_preferred_allocation_are_logged(fake_driver: Any, kubelet: TestKubelet,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="gpuhook.plugin.server")
+    with running(fake_driver, kubelet, Options(id_strategy="index")):
+        kubelet.wait_registrations(1)
+        kubelet.client().allocate(["1"], ["0", "1"])
+        assert kubelet.client().preferred(["1", "0"], size=1) == ["0"]
+        with pytest.raises(grpc.RpcError):
+            kubelet.client().allocate(["7"])
+    lines = [r.getMessage() for r in caplog.records if r.name == "gpuhook.plugin.server"]
+    allocate = [m for m in lines if m.startswith("Allocate ")]
+    assert re.fullmatch(rf"Allocate {GPU}: ids \[1\]; \[0,1\] -> \[{GPU}=1\]; \[{GPU}=0,{GPU}=1\] in \d+\.\d ms",
+                        allocate[0]), allocate
+    assert re.fullmatch(rf"Allocate {GPU}: ids \[7\] refused in \d+\.\d ms: unknown device ids: 7", allocate[1])
+    preferred = [m for m in lines if m.startswith("GetPreferredAllocation ")]
+    assert re.fullmatch(rf"GetPreferredAllocation {GPU}: available \[1,0\] must \[\] size 1 -> \[0\] \({GPU}=0\) "
+                        r"in \d+\.\d ms", preferred[0]), preferred
+    info = {r.getMessage(): r.levelno for r in caplog.records}
+    assert info[allocate[0]] == logging.INFO and info[preferred[0]] == logging.INFO

@@ -68,9 +68,12 @@ def container_response(devices: Sequence[PluginDevice], strategies: Sequence[str
 
 
 def allocate(request: pb.AllocateRequest, by_id: Mapping[str, PluginDevice],
-             unhealthy: Mapping[tuple[int, int], str], strategies: Sequence[str]) -> pb.AllocateResponse:
-    """The whole AllocateResponse; raises AllocationError naming every bad id of the first bad container."""
+             unhealthy: Mapping[tuple[int, int], str], strategies: Sequence[str]
+             ) -> tuple[pb.AllocateResponse, list[list[PluginDevice]]]:
+    """The whole AllocateResponse and each container's devices (for the log); raises AllocationError naming
+    every bad id of the first bad container."""
     out = pb.AllocateResponse()
-    for creq in request.container_requests:
-        out.container_responses.append(container_response(resolve(creq.devices_ids, by_id, unhealthy), strategies))
-    return out
+    chosen = [resolve(creq.devices_ids, by_id, unhealthy) for creq in request.container_requests]
+    for devices in chosen:
+        out.container_responses.append(container_response(devices, strategies))
+    return out, chosen

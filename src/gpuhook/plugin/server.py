@@ -11,6 +11,7 @@ import logging
 import os
 import stat
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from concurrent import futures
 
@@ -29,6 +30,10 @@ log = logging.getLogger("gpuhook.plugin.server")
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
 STREAM_TICK = 1.0  # seconds a ListAndWatch stream sleeps before re-checking that it should still run
+
+
+def _ms(start: float) -> float:
+    return (time.monotonic() - start) * 1000
 
 
 class DevicePluginService(pb_grpc.DevicePluginServicer):
@@ -73,22 +78,38 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         self.board.wake()
 
     # -- allocation ---------------------------------------------------------------------------------------------
+    # Each call is logged at info level, ids in, CDI names out and the time taken: what an operator needs to
+    # tie a pod's GPUs to the kubelet's request when a container starts with the wrong device or none.
     def GetPreferredAllocation(self, request: pb.PreferredAllocationRequest,
                                context: grpc.ServicerContext) -> pb.PreferredAllocationResponse:
+        start = time.monotonic()
         out = pb.PreferredAllocationResponse()
+        parts = []
         for creq in request.container_requests:
             chosen = self.chooser.choose(list(creq.available_deviceIDs), list(creq.must_include_deviceIDs),
                                          int(creq.allocation_size))
             out.container_responses.add(deviceIDs=chosen)
+            available, must = ",".join(creq.available_deviceIDs), ",".join(creq.must_include_deviceIDs)
+            parts.append(f"available [{available}] must [{must}] size {creq.allocation_size} -> "
+                         f"[{','.join(chosen)}] ({','.join(self._cdi_names(chosen))})")
+        log.info("GetPreferredAllocation %s: %s in %.1f ms", self.resource.name, "; ".join(parts), _ms(start))
         return out
 
     def Allocate(self, request: pb.AllocateRequest, context: grpc.ServicerContext) -> pb.AllocateResponse:
+        start = time.monotonic()
+        ids = "; ".join(f"[{','.join(c.devices_ids)}]" for c in request.container_requests)
         try:
-            return allocate(request, self.by_id, self.board.unhealthy, self.strategies)
+            response, chosen = allocate(request, self.by_id, self.board.unhealthy, self.strategies)
         except AllocationError as exc:
-            log.warning("Allocate refused for %s: %s", self.resource.name, exc)
+            log.warning("Allocate %s: ids %s refused in %.1f ms: %s", self.resource.name, ids, _ms(start), exc)
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{self.resource.name}: {exc}")
             raise  # unreachable: abort raises
+        names = "; ".join(f"[{','.join(d.cdi_name for d in devices)}]" for devices in chosen)
+        log.info("Allocate %s: ids %s -> %s in %.1f ms", self.resource.name, ids, names, _ms(start))
+        return response
+
+    def _cdi_names(self, ids: Sequence[str]) -> list[str]:
+        return [self.by_id[i].cdi_name if i in self.by_id else i for i in ids]
 
     def PreStartContainer(self, request: pb.PreStartContainerRequest,
                           context: grpc.ServicerContext) -> pb.PreStartContainerResponse:
