@@ -467,3 +467,60 @@ def test_image_values_are_clipped_in_every_finding(fake_driver: Any, tmp_path: P
     for step in steps:
         assert len(step["message"]) < 3000, step["message"][:3000]
         assert all(len(line) < 3000 for line in step["detail"]), step["detail"][:3]
+
+
+# --- the running daemons and their config files (issue 12, operations item 15) -----------------------------------
+
+
+@pytest.fixture
+def fake_daemon(tmp_path: Path) -> Any:
+    """Start a real process named like a daemon, with a --config on its command line: the real Python interpreter
+    run through a symlink called `containerd` (its process name), sleeping. Never a real daemon."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(name: str, *args: str) -> subprocess.Popen[bytes]:
+        link = tmp_path / "daemonbin" / name
+        link.parent.mkdir(exist_ok=True)
+        link.symlink_to(os.path.realpath(sys.executable))
+        proc = subprocess.Popen([str(link), "-c", "import os, time; os.close(1); time.sleep(600)", *args],
+                                stdout=subprocess.PIPE, cwd=tmp_path)
+        assert proc.stdout is not None
+        proc.stdout.read()  # EOF once the interpreter runs the sleep: its command line is final
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.kill()
+        proc.wait()
+
+
+def test_running_daemons_are_found_with_their_config(fake_daemon: Any, tmp_path: Path) -> None:
+    from gpuhook.doctor.daemons import Daemon, running_daemons
+
+    containerd = fake_daemon("containerd", "--config", "custom/config.toml", "--log-level", "debug")
+    dockerd = fake_daemon("dockerd", f"--config-file={tmp_path}/daemon.json")
+    found = {d.pid: d for d in running_daemons()}
+    assert found[containerd.pid] == Daemon("containerd", containerd.pid, str(tmp_path / "custom/config.toml"))
+    assert found[dockerd.pid] == Daemon("docker", dockerd.pid, str(tmp_path / "daemon.json"))
+
+
+def test_doctor_checks_the_config_the_running_daemon_uses(fake_daemon: Any, tmp_path: Path) -> None:
+    """The default file has nothing; the file the daemon was started with has the hook: that one counts."""
+    from gpuhook.doctor.daemons import running_daemons
+
+    custom = tmp_path / "custom/config.toml"
+    custom.parent.mkdir()
+    custom.write_text("version = 2\n")
+    (custom.parent / "gpuhook-base-spec.json").write_text("{}")
+    configure("containerd", "hook", custom)
+    proc = fake_daemon("containerd", "--config", str(custom))
+    daemons = [d for d in running_daemons() if d.pid == proc.pid]
+    p = paths(tmp_path / "defaults")
+    found = rt.check_runtimes(["containerd"], spec_status(tmp_path / "cdi"), p, {"containerd": (1, 6, 20)},
+                              daemons)
+    assert [f.message for f in found if f.status == "info"] == [
+        f"containerd daemon running (pid {proc.pid}) with config {custom}"]
+    assert statuses(found)[1:] == [OK] and "has gpuhook's prestart hook" in found[1].message
+    idle = rt.check_runtimes(["containerd"], spec_status(tmp_path / "cdi"), p, {"containerd": (1, 6, 20)}, [])
+    assert "no containerd daemon running" in idle[0].message and statuses(idle)[1:] == [PROBLEM]

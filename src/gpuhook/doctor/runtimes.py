@@ -7,6 +7,7 @@ one up (`gpuhook runtime configure …` or `gpuhook generate-cdi …`). Config l
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import os
@@ -21,6 +22,7 @@ from typing import Any
 
 from gpuhook.cdi import version as cdi_version
 from gpuhook.cdi.registry import DEFAULT_SPEC_DIRS
+from gpuhook.doctor.daemons import Daemon, running_daemons
 from gpuhook.doctor.model import INFO, OK, PROBLEM, WARN, Finding
 from gpuhook.doctor.specs import SpecStatus
 from gpuhook.shim.runtime import has_gpuhook_hook
@@ -329,23 +331,49 @@ def check_docker(ver: Version | None, paths: Paths, specs: SpecStatus) -> list[F
     return out + _verdict(label, works, f"gpuhook runtime configure --runtime docker --mode {mode}", why)
 
 
+def with_config(name: str, paths: Paths, config: str) -> Paths:
+    """`paths` with runtime `name`'s config file replaced by the one its running daemon was started with."""
+    field_name = {"containerd": "containerd_config", "crio": "crio_config", "docker": "docker_config"}.get(name)
+    if field_name:
+        return dataclasses.replace(paths, **{field_name: config})
+    if name == "podman":
+        return dataclasses.replace(paths, podman_configs=(config,))
+    return paths
+
+
+def _daemon_paths(name: str, paths: Paths, daemons: Sequence[Daemon]) -> tuple[list[Paths], list[Finding]]:
+    """The config paths to check for runtime `name`: each running daemon's own file (its command line's
+    `--config`), else the default; with an INFO finding per daemon, or saying none runs."""
+    mine = [d for d in daemons if d.runtime == name]
+    notes = [_f(INFO, d.describe()) for d in mine]
+    if not mine and name in ("containerd", "crio", "docker"):
+        notes.append(_f(INFO, f"no {name} daemon running: checking its default config"))
+    configs = list(dict.fromkeys(d.config for d in mine if d.config))
+    if len(configs) < len(mine) or not configs:  # a daemon on its default config, or none running
+        return [paths, *(with_config(name, paths, c) for c in configs)], notes
+    return [with_config(name, paths, c) for c in configs], notes
+
+
 def check_runtimes(names: Sequence[str], specs: SpecStatus, paths: Paths = Paths(),
-                   versions: dict[str, Version | None] | None = None) -> list[Finding]:
-    """Findings for each runtime in `names` (versions from `<binary> --version` unless given)."""
+                   versions: dict[str, Version | None] | None = None,
+                   daemons: Sequence[Daemon] | None = None) -> list[Finding]:
+    """Findings for each runtime in `names` (versions from `<binary> --version` unless given), checking the config
+    file each running daemon uses (`daemons`: from this host's process table unless given)."""
     versions = versions if versions is not None else {n: version_of(BINARIES[n]) for n in names}
+    daemons = running_daemons() if daemons is None else daemons
+    checks = {"podman": check_podman, "crio": check_crio, "containerd": check_containerd, "docker": check_docker}
     out: list[Finding] = []
     for name in names:
         ver = versions.get(name)
         if name == "runc":
             out += check_runc(ver, installed_tools())
-        elif name == "podman":
-            out += check_podman(ver, paths, specs)
-        elif name == "crio":
-            out += check_crio(ver, paths, specs)
-        elif name == "containerd":
-            out += check_containerd(ver, paths, specs)
-        elif name == "docker":
-            out += check_docker(ver, paths, specs)
+            continue
+        if name not in checks:
+            continue
+        each, notes = _daemon_paths(name, paths, daemons)
+        out += notes
+        for one in each:
+            out += checks[name](ver, one, specs)
     if not names:
         out.append(_f(INFO, "no container runtime checked"))
     return out

@@ -1,0 +1,79 @@
+"""Which container runtime daemons run on this host, and with which config file (psutil).
+
+A daemon started with `--config /etc/containerd/custom.toml` (or Docker's `--config-file`, podman's
+CONTAINERS_CONF) never reads the default path, so doctor must check the file the running daemon actually uses:
+a default file that says "CDI on" proves nothing when the daemon reads another one.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import psutil
+
+# runtime -> (process names, config options on its command line); containerd-shim* and friends are not daemons
+DAEMONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "containerd": (("containerd",), ("--config", "-c")),
+    "docker": (("dockerd",), ("--config-file",)),
+    "crio": (("crio",), ("--config", "-c")),
+    "podman": (("podman",), ()),  # only `podman system service`; its config comes from CONTAINERS_CONF
+}
+PODMAN_CONFIG_ENV = "CONTAINERS_CONF"
+
+
+@dataclass(frozen=True)
+class Daemon:
+    runtime: str
+    pid: int
+    config: str | None  # the config file named on its command line (absolute), None: the default one
+
+    def describe(self) -> str:
+        where = f"with config {self.config}" if self.config else "with its default config"
+        return f"{self.runtime} daemon running (pid {self.pid}) {where}"
+
+
+def option_value(args: Sequence[str], names: Sequence[str]) -> str | None:
+    """The last `--name VALUE` / `--name=VALUE` in `args` (the last one wins, as Go's flag parsing does)."""
+    value = None
+    for i, arg in enumerate(args):
+        for name in names:
+            if arg == name and i + 1 < len(args):
+                value = args[i + 1]
+            elif arg.startswith(name + "="):
+                value = arg[len(name) + 1:]
+    return value
+
+
+def _runtime_of(name: str, args: Sequence[str]) -> str | None:
+    for runtime, (names, _) in DAEMONS.items():
+        if name in names:
+            if runtime == "podman" and args[1:3] != ["system", "service"]:
+                return None
+            return runtime
+    return None
+
+
+def _daemon(proc: psutil.Process) -> Daemon | None:
+    try:
+        args = proc.cmdline()
+        if not args:
+            return None
+        runtime = _runtime_of(os.path.basename(args[0]), args) or _runtime_of(proc.name(), args)
+        if runtime is None:
+            return None
+        config = option_value(args[1:], DAEMONS[runtime][1])
+        if runtime == "podman":
+            config = proc.environ().get(PODMAN_CONFIG_ENV) or None
+        if config and not os.path.isabs(config):
+            config = os.path.join(proc.cwd(), config)
+        return Daemon(runtime, proc.pid, os.path.normpath(config) if config else None)
+    except (psutil.Error, OSError):
+        return None
+
+
+def running_daemons(processes: Iterable[psutil.Process] | None = None) -> list[Daemon]:
+    """Every runtime daemon among `processes` (default: all of this host's), by pid."""
+    found = (_daemon(p) for p in (psutil.process_iter() if processes is None else processes))
+    return sorted((d for d in found if d is not None), key=lambda d: d.pid)
