@@ -663,3 +663,27 @@ def test_allocate_and_preferred_allocation_are_logged(fake_driver: Any, kubelet:
                         r"in \d+\.\d ms", preferred[0]), preferred
     info = {r.getMessage(): r.levelno for r in caplog.records}
     assert info[allocate[0]] == logging.INFO and info[preferred[0]] == logging.INFO
+
+
+@pytest.mark.parametrize("kind", ["fifo", "file", "directory"])
+def test_start_never_removes_what_is_not_a_stale_socket(fake_driver: Any, kubelet: TestKubelet, kind: str) -> None:
+    """Only a socket left by an earlier run is removed before bind; anything else at the path stays, and the start
+    fails naming it (issue 12, host safety: the plugin's own host write)."""
+    path = Path(kubelet.directory) / "gpuhook-nvidia.com-gpu.sock"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "file":
+        path.write_text("keep me")
+    else:
+        path.mkdir()
+    config = PluginConfig(options=Options(), kubelet_dir=kubelet.directory,
+                          cdi_spec_dir=os.path.join(os.path.dirname(kubelet.directory), "cdi"),
+                          hook_path="/bin/true", health=FAST_HEALTH, sys_root=str(fake_driver.root / "sys"))
+    inv = inventory(fake_driver)
+    plugin = Plugin(config, lambda: inv)
+    try:
+        with pytest.raises(OSError, match=rf"cannot listen on {path}: it is a"):
+            plugin.start()
+    finally:
+        plugin.shutdown()
+    assert os.path.lexists(path) and (kind != "file" or path.read_text() == "keep me")

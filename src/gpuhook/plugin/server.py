@@ -17,6 +17,7 @@ from concurrent import futures
 
 import grpc
 
+from gpuhook.fileio.atomic import kind_of
 from gpuhook.model.inventory import Inventory
 from gpuhook.plugin import api_pb2 as pb
 from gpuhook.plugin import api_pb2_grpc as pb_grpc
@@ -136,8 +137,7 @@ class Endpoint:
 
     def start(self) -> None:
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)  # a stale socket from an earlier run would make bind fail
+        self._remove_stale_socket()
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=self.workers,
                                                         thread_name_prefix="gpuhook-grpc"),
                              options=[("grpc.so_reuseport", 0)])
@@ -148,6 +148,18 @@ class Endpoint:
         self.server = server
         self.identity = _socket_identity(self.path)
         log.info("serving %s on %s", self.service.resource.name, self.path)
+
+    def _remove_stale_socket(self) -> None:
+        """A socket left by an earlier run would make bind fail; anything else at the path (a file, FIFO,
+        directory or device node) is not ours to remove."""
+        try:
+            mode = os.lstat(self.path).st_mode
+        except FileNotFoundError:
+            return
+        if not stat.S_ISSOCK(mode):
+            raise OSError(f"cannot listen on {self.path}: it is {kind_of(mode)}, not a socket")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
 
     def socket_intact(self) -> bool:
         return self.identity is not None and _socket_identity(self.path) == self.identity
