@@ -107,7 +107,8 @@ def test_a_symlink_is_replaced_never_its_target(tmp_path: Path) -> None:
 
 
 def test_own_descriptor_paths_write_to_that_descriptor(tmp_path: Path) -> None:
-    for alias in ("/proc/self/fd/{}", "/dev/fd/{}", f"/proc/{os.getpid()}/fd/{{}}"):
+    # only paths whose directory is procfs: a writer that renames over the path cannot create anything there
+    for alias in ("/proc/self/fd/{}", f"/proc/{os.getpid()}/fd/{{}}", "/proc/thread-self/fd/{}"):
         read_end, write_end = os.pipe()
         try:
             assert write_atomic(alias.format(write_end), b"through the pipe\n") is False
@@ -156,11 +157,16 @@ def test_generate_cdi_output_to_a_fifo_is_one_line(fake_driver: FakeDriver, tmp_
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
 
 
-def test_generate_cdi_output_to_stdout(fake_driver: FakeDriver) -> None:
-    """`--output /dev/stdout` writes to the command's stdout (here a pipe), as no --output does."""
-    result = generate(fake_driver, "/dev/stdout")
+def test_generate_cdi_output_to_stdout(fake_driver: FakeDriver, tmp_path: Path) -> None:
+    """`--output /dev/stdout` writes to the command's stdout (here a pipe), as no --output does. The path is a
+    link of our own made like /dev/stdout (-> /proc/self/fd/1): a writer that replaces the path (the bug this
+    guards against) must replace that link, never the host's /dev/stdout."""
+    stdout = tmp_path / "stdout"
+    stdout.symlink_to("/proc/self/fd/1")
+    result = generate(fake_driver, str(stdout))
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("cdiVersion:") and result.stderr == ""
+    assert os.readlink(stdout) == "/proc/self/fd/1"
 
 
 def test_hook_install_to_a_device_node(tmp_path: Path) -> None:

@@ -18,13 +18,10 @@ from __future__ import annotations
 import contextlib
 import errno as errno_mod
 import os
-import re
 import stat
 
 from gpuhook.errors import GpuhookError
 
-# /proc/self/fd/N and its aliases: the process's own descriptor N, whatever it is.
-_OWN_FD = re.compile(r"/(?:proc/(?:self|thread-self|(?P<pid>\d+))|dev)/fd/(?P<fd>\d+)")
 _LINK_HOPS = 8  # /dev/stdout -> /proc/self/fd/1 is one; no sane setup needs more
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
           (stat.S_ISBLK, "a block device"), (stat.S_ISCHR, "a character device"))
@@ -93,11 +90,11 @@ def _write_all(fd: int, data: bytes) -> None:
 def _own_fd(path: str) -> int | None:
     """The descriptor N when `path` (possibly through symlinks, as /dev/stdout -> /proc/self/fd/1) names this
     process's own descriptor N; None otherwise."""
+    own = ("dev", "proc/self", "proc/thread-self", f"proc/{os.getpid()}")
     for _ in range(_LINK_HOPS):
-        match = _OWN_FD.fullmatch(path)
-        if match:
-            pid = match.group("pid")
-            return int(match.group("fd")) if pid is None or int(pid) == os.getpid() else None
+        folder, _, name = path.rpartition("/fd/")
+        if name.isdigit() and folder.lstrip("/") in own and folder.startswith("/"):
+            return int(name)
         try:
             link = os.readlink(path)
         except OSError:
