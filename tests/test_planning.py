@@ -169,3 +169,12 @@ def test_requirement_on_mig_device_uses_parent_arch(inv: Inventory) -> None:
     check(inv, ("arch>=9.0",), select(inv, "2:0").devices)
     with pytest.raises(RequirementError, match="on GPU 2"):
         check(inv, ("arch>=9.1",), select(inv, "2:0").devices)
+
+
+@pytest.mark.parametrize("constraint", ["cuda>=12.0", "cuda<99", "arch>=9.0 cuda>=11.0,cuda>=12.0"])
+def test_requirement_on_unknown_cuda_version_fails_never_passes(inv: Inventory, constraint: str) -> None:
+    """Procfs discovery with no answer from libcuda leaves the CUDA version unknown: the start is refused."""
+    inv.cuda_version = ""
+    with pytest.raises(RequirementError, match=r"cannot check requirement .*cuda version is unknown"):
+        check(inv, (constraint,), select(inv, "0").devices)
+    check(inv, ("driver>=550 arch>=9.0",), select(inv, "0").devices)  # what is known is still checked

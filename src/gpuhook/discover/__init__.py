@@ -13,6 +13,7 @@ from gpuhook.discover.fingerprint import fingerprint
 from gpuhook.discover.roots import Roots, join, resolve_in_root
 from gpuhook.errors import DiscoveryError
 from gpuhook.model import catalogue
+from gpuhook.model.edits import CUDA_SONAME
 from gpuhook.model.inventory import DeviceNode, DriverFile, Gpu, Inventory, MigDevice, NvLink
 
 __all__ = ["DeviceNode", "DriverFile", "Gpu", "Inventory", "MigDevice", "Roots", "discover", "nvml_library"]
@@ -74,7 +75,7 @@ def _gpu(roots: Roots, index: int, minor: int, uuid: str, bus_id: str, **extra: 
 def _from_nvml(roots: Roots, library: str) -> tuple[str, str, list[Gpu]]:
     from gpuhook.discover import nvml
 
-    report = nvml.query(library)
+    report = nvml.query_in_child(library)
     gpus = []
     for g in report.gpus:
         migs = [_mig_device(roots, g.index, g.minor, m.index, m.uuid, m.gi, m.ci, m.profile, m.memory_mib)
@@ -135,6 +136,20 @@ def _mig_control_nodes(roots: Roots) -> dict[str, DeviceNode]:
     return out
 
 
+def _cuda_from_libcuda(files: list[DriverFile], notes: list[str]) -> str:
+    """The CUDA version the driver's own libcuda reports ("" with a note when it cannot say)."""
+    from gpuhook.discover.cudaversion import cuda_version
+
+    libcuda = next((f for f in files if f.kind == "lib" and f.soname == CUDA_SONAME), None)
+    if libcuda is None:
+        return ""
+    try:
+        return cuda_version(libcuda.host_path)
+    except ValueError as exc:
+        notes.append(str(exc))
+        return ""
+
+
 def discover(roots: Roots, method: str = "auto", mps_pipe_dir: str | None = None) -> Inventory:
     """Everything the driver at `roots` offers. Raises DiscoveryError with one line on failure."""
     if method not in METHODS:
@@ -165,6 +180,9 @@ def discover(roots: Roots, method: str = "auto", mps_pipe_dir: str | None = None
     version, cuda, gpus = result
     if mps_pipe_dir is None:
         mps_pipe_dir = os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or None
+    files = all_files(roots.driver_root, version, mps_pipe_dir)
+    if not cuda:
+        cuda = _cuda_from_libcuda(files, reasons)
     params = os.path.join(roots.proc_root, "driver/nvidia/params")
     gated = datacenter.gated_nodes(roots.dev_root)
     return Inventory(
@@ -177,7 +195,7 @@ def discover(roots: Roots, method: str = "auto", mps_pipe_dir: str | None = None
         gpus=gpus,
         control_nodes=_control_nodes(roots),
         mig_control_nodes=_mig_control_nodes(roots),
-        files=all_files(roots.driver_root, version, mps_pipe_dir),
+        files=files,
         params_host_path=params if os.path.exists(params) else "",
         fingerprint=fingerprint(roots),
         notes=reasons,

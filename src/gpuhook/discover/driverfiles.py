@@ -1,11 +1,19 @@
-"""The driver's user-space files on a host: libraries (through the root's ld.so.cache, with a directory scan
-as fallback), binaries, firmware, IPC sockets and graphics configuration files, each tagged with the
-capability that brings it into a container.
+"""The driver's user-space files on a host, found from the files themselves (as nvidia-ctk does).
+
+Libraries: every `*.so.<driver version>` in the folders that hold the driver's libcuda / libnvidia-ml (found
+through the root's ld.so.cache, every link followed inside the root, so Debian's alternatives links lead to
+nvidia/current), plus their vdpau/ subfolder; each one's soname is its ELF DT_SONAME, and the catalogue only
+classifies it (a name it does not know is `unclassified`). Catalogued libraries that live elsewhere (Debian
+puts libnvidia-glcore & co beside, not in, nvidia/current; libnvidia-api.so.1 has no version in its name)
+are looked up by name. Then the files of other versions or places: the EGL platform libraries the
+egl_external_platform.d JSON files name, the X server modules, the GBM backend link. Binaries, firmware,
+IPC sockets (under /run and /var/run) and graphics configuration files complete the list.
 """
 
 from __future__ import annotations
 
 import glob
+import json
 import os
 import posixpath
 import stat
@@ -16,9 +24,26 @@ from gpuhook.errors import DiscoveryError
 from gpuhook.model import catalogue
 from gpuhook.model.inventory import DriverFile
 
-LIB64_SCAN_DIRS: tuple[str, ...] = (catalogue.LIB_DIR, "/usr/lib64", "/lib64", "/usr/lib", "/lib/x86_64-linux-gnu")
-LIB32_SCAN_DIRS: tuple[str, ...] = (catalogue.LIB32_DIR, "/usr/lib32", "/lib32", "/usr/lib/i386-linux-gnu")
+LIB64_SCAN_DIRS: tuple[str, ...] = (
+    catalogue.LIB_DIR,
+    "/usr/lib64",
+    "/lib64",
+    "/usr/lib",
+    "/lib/x86_64-linux-gnu",
+    f"{catalogue.LIB_DIR}/nvidia/current",
+)
+LIB32_SCAN_DIRS: tuple[str, ...] = (
+    catalogue.LIB32_DIR,
+    "/usr/lib32",
+    "/lib32",
+    f"{catalogue.LIB32_DIR}/nvidia/current",
+)
 ELF_MACHINE = {64: 62, 32: 3}  # EM_X86_64, EM_386
+# The libraries whose folders are the driver's library folders.
+ANCHORS: tuple[str, ...] = ("libcuda", "libnvidia-ml")
+ANCHOR_SONAME_VERSION = "1"
+SUBFOLDERS: tuple[str, ...] = ("", "vdpau")
+JSON_LIMIT = 1 << 16
 
 
 def ldcache_index(driver_root: str) -> dict[tuple[str, int], str]:
@@ -39,63 +64,203 @@ def ldcache_index(driver_root: str) -> dict[tuple[str, int], str]:
     return index
 
 
-def _check_elf(host_path: str, bits: int) -> bool:
-    """True for an ELF library of the wanted class and machine; raise on a file that is not ELF at all."""
+def _elf(host_path: str, bits: int) -> _native.ElfInfo | None:
+    """The ELF header of a library of the wanted class and machine; None for another class; raise on a file
+    that is not ELF at all (one line naming it)."""
     try:
         info = _native.elf_info(host_path)
     except ValueError as exc:
         raise DiscoveryError(str(exc)) from None
     except OSError as exc:
         raise DiscoveryError(f"cannot read {host_path}: {exc.strerror}") from None
-    return info.elf_class == bits and info.machine == ELF_MACHINE[bits]
-
-
-def _library(
-    root: str, spec: catalogue.LibrarySpec, version: str, bits: int, cache: dict[tuple[str, int], str]
-) -> DriverFile | None:
-    wanted = spec.file_name(version)
-    candidates: list[str] = []
-    cached = cache.get((spec.soname(version), bits))
-    if cached:
-        candidates.append(cached)
-    for d in LIB64_SCAN_DIRS if bits == 64 else LIB32_SCAN_DIRS:
-        candidates.append(posixpath.join(d, spec.subdir, wanted) if spec.subdir else posixpath.join(d, wanted))
-    for candidate in candidates:
-        canonical = resolve_in_root(root, candidate)
-        host = join(root, canonical)
-        if posixpath.basename(canonical) != wanted or not os.path.isfile(host):
-            continue  # a soname pointing at another driver version's file is not ours
-        if not _check_elf(host, bits):
-            continue
-        return DriverFile(
-            kind="lib" if bits == 64 else "lib32",
-            capability=spec.capability,
-            path=canonical,
-            host_path=host,
-            soname=spec.soname(version),
-        )
+    if info.elf_class == bits and info.machine == ELF_MACHINE[bits]:
+        return info
     return None
+
+
+def _kind(bits: int) -> str:
+    return "lib" if bits == 64 else "lib32"
+
+
+def _regular(root: str, canonical: str) -> str | None:
+    """Host path of a regular file at `canonical` (already resolved), None when there is none."""
+    host = join(root, canonical)
+    try:
+        st = os.lstat(host)
+    except OSError:
+        return None
+    return host if stat.S_ISREG(st.st_mode) else None
+
+
+def _found(root: str, candidate: str) -> tuple[str, str] | None:
+    """(canonical, host) of the regular file `candidate` leads to inside the root."""
+    try:
+        canonical = resolve_in_root(root, candidate)
+    except OSError:
+        return None
+    host = _regular(root, canonical)
+    return (canonical, host) if host else None
+
+
+class _Libraries:
+    """Collects library files once each (by canonical path), reading each one's soname from its ELF."""
+
+    def __init__(self, root: str, version: str, cache: dict[tuple[str, int], str]) -> None:
+        self.root, self.version, self.cache = root, version, cache
+        self.files: dict[str, DriverFile] = {}
+
+    def add(self, canonical: str, host: str, bits: int, capability: str) -> DriverFile | None:
+        if canonical in self.files:
+            return self.files[canonical]
+        info = _elf(host, bits)
+        if info is None:
+            return None
+        f = DriverFile(_kind(bits), capability, canonical, host, soname=info.soname or "")
+        self.files[canonical] = f
+        return f
+
+    def anchor_folders(self, bits: int) -> list[str]:
+        """Canonical folders of the real libcuda.so.<ver> / libnvidia-ml.so.<ver> files."""
+        folders: list[str] = []
+        for name in ANCHORS:
+            wanted = f"{name}.so.{self.version}"
+            candidates = [self.cache.get((f"{name}.so.{ANCHOR_SONAME_VERSION}", bits), "")]
+            candidates += [posixpath.join(d, wanted) for d in (LIB64_SCAN_DIRS if bits == 64 else LIB32_SCAN_DIRS)]
+            for candidate in filter(None, candidates):
+                hit = _found(self.root, candidate)
+                if hit is None or posixpath.basename(hit[0]) != wanted or _elf(hit[1], bits) is None:
+                    continue  # a soname pointing at another driver version's file is not ours
+                folder = posixpath.dirname(hit[0])
+                if folder not in folders:
+                    folders.append(folder)
+                break
+        return folders
+
+    def scan(self, folder: str, bits: int) -> None:
+        """Every regular `*.so.<driver version>` in `folder` and its vdpau/, classified by the catalogue."""
+        suffix = f".so.{self.version}"
+        for sub in SUBFOLDERS:
+            canonical_dir = posixpath.join(folder, sub) if sub else folder
+            try:
+                names = sorted(os.listdir(join(self.root, canonical_dir)))
+            except OSError:
+                continue
+            for name in names:
+                if not name.endswith(suffix):
+                    continue
+                canonical = posixpath.join(canonical_dir, name)
+                host = _regular(self.root, canonical)
+                if host is None:
+                    continue  # links are the loader's business; their targets are what gets mounted
+                spec = catalogue.library_by_name(name[: -len(suffix)])
+                self.add(canonical, host, bits, spec.capability if spec else catalogue.UNCLASSIFIED)
+
+    def catalogued(self, spec: catalogue.LibrarySpec, bits: int, folders: list[str]) -> None:
+        """A catalogued library outside the anchor folders: by its names in the ld cache, then by folder."""
+        wanted = spec.file_name(self.version)
+        if any(posixpath.basename(p) == wanted for p, f in self.files.items() if f.kind == _kind(bits)):
+            return
+        keys = [k for k in (wanted, spec.soname(self.version)) if k]
+        candidates = [self.cache.get((k, bits), "") for k in keys]
+        dirs = [*folders, *(LIB64_SCAN_DIRS if bits == 64 else LIB32_SCAN_DIRS)]
+        candidates += [posixpath.join(d, spec.subdir, wanted) for d in dirs]
+        for candidate in filter(None, candidates):
+            hit = _found(self.root, candidate)
+            if hit is not None and posixpath.basename(hit[0]) == wanted and self.add(*hit, bits, spec.capability):
+                return
+
+    def by_soname(self, soname: str, bits: int, folders: list[str], capability: str) -> DriverFile | None:
+        """The file a soname (or an absolute path) names: through the ld cache, else in the library folders."""
+        if soname.startswith("/"):
+            candidates = [soname]
+        else:
+            candidates = [self.cache.get((soname, bits), "")]
+            candidates += [posixpath.join(d, soname) for d in [*folders, *LIB64_SCAN_DIRS]]
+        for candidate in filter(None, candidates):
+            hit = _found(self.root, candidate)
+            if hit is not None:
+                return self.add(*hit, bits, capability)
+        return None
+
+
+def _egl_platform_libraries(root: str) -> list[str]:
+    """The library_path each NVIDIA EGL external platform JSON names (gbm, wayland, xcb, xlib)."""
+    names: list[str] = []
+    for folder in catalogue.EGL_PLATFORM_DIRS:
+        for host in sorted(glob.glob(join(root, posixpath.join(folder, "*.json")))):
+            try:
+                with open(host, "rb") as f:
+                    data = json.loads(f.read(JSON_LIMIT))
+                library = data["ICD"]["library_path"]
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # not a platform JSON we can read: nothing of ours to add
+            if isinstance(library, str) and "nvidia" in library and library not in names:
+                names.append(library)
+    return names
 
 
 def libraries(root: str, version: str) -> list[DriverFile]:
     cache = ldcache_index(root)
-    found: list[DriverFile] = []
+    found = _Libraries(root, version, cache)
+    folders64: list[str] = []
     for bits in (64, 32):
+        folders = found.anchor_folders(bits)
+        if bits == 64:
+            folders64 = folders
+        for folder in folders:
+            found.scan(folder, bits)
         for spec in catalogue.LIBRARIES:
-            lib = _library(root, spec, version, bits, cache)
-            if lib is not None:
-                found.append(lib)
+            found.catalogued(spec, bits, folders)
+    for soname in _egl_platform_libraries(root):
+        found.by_soname(soname, 64, folders64, catalogue.EGL_PLATFORM_CAPABILITY)
+    return list(found.files.values())
+
+
+def links(libs: list[DriverFile]) -> list[DriverFile]:
+    """Links NVIDIA's graphics discoverer makes in a container: the GBM backend beside the allocator."""
+    out: list[DriverFile] = []
+    for f in libs:
+        name = posixpath.basename(f.path)
+        if f.kind == "lib" and name.startswith(catalogue.GBM_ALLOCATOR + ".so.") and f.soname:
+            link = posixpath.join(posixpath.dirname(f.path), catalogue.GBM_BACKEND_LINK)
+            out.append(DriverFile("link", "graphics", link, "", target=f"../{f.soname}"))
+    return out
+
+
+def xorg_modules(root: str, version: str) -> list[DriverFile]:
+    """The X driver and GLX server module (display), at the first folder that has each; an unversioned
+    link there (Debian's alternatives) leads to the versioned file."""
+    found: list[DriverFile] = []
+    for spec in catalogue.XORG_MODULES:
+        name = spec.name.format(version=version)
+        for pattern in catalogue.XORG_MODULE_DIRS:
+            folder = pattern.format(folder=spec.folder)
+            hit = None
+            for candidate in (name, spec.link):
+                if candidate:
+                    hit = _found(root, posixpath.join(folder, candidate))
+                    if hit is not None and posixpath.basename(hit[0]) == name:
+                        break
+                    hit = None
+            if hit is None:
+                continue
+            found.append(DriverFile("xorg", spec.capability, posixpath.join(folder, name), hit[1]))
+            if spec.link:
+                found.append(DriverFile("link", spec.capability, posixpath.join(folder, spec.link), "", target=name))
+            break
     return found
 
 
 def binaries(root: str) -> list[DriverFile]:
+    """Each tool at the first bin folder that has it, mounted at that same path (as nvidia-ctk does)."""
     found: list[DriverFile] = []
     for spec in catalogue.BINARIES:
         for d in catalogue.BINARY_DIRS:
-            canonical = resolve_in_root(root, posixpath.join(d, spec.name))
+            path = posixpath.join(d, spec.name)
+            canonical = resolve_in_root(root, path)
             host = join(root, canonical)
             if os.path.isfile(host) and os.access(host, os.X_OK):
-                found.append(DriverFile("bin", spec.capability, posixpath.join("/usr/bin", spec.name), host))
+                found.append(DriverFile("bin", spec.capability, path, host))
                 break
     return found
 
@@ -119,16 +284,30 @@ def _is_socket(path: str) -> bool:
         return False
 
 
+def _ipc_paths(path: str) -> list[str]:
+    """A socket path and its /run <-> /var/run twin."""
+    paths = [path]
+    for a, b in catalogue.RUN_ALIASES:
+        if path.startswith(a):
+            paths.append(b + path[len(a) :])
+        elif path.startswith(b):
+            paths.append(a + path[len(b) :])
+    return paths
+
+
 def ipc(root: str, mps_pipe_dir: str | None = None) -> list[DriverFile]:
     found: list[DriverFile] = []
+    seen: set[str] = set()
     for spec in catalogue.IPC:
-        path = spec.path
-        if spec.is_dir and mps_pipe_dir:
-            path = mps_pipe_dir
-        host = join(root, resolve_in_root(root, path))
-        present = os.path.isdir(host) if spec.is_dir else _is_socket(host)
-        if present:
-            found.append(DriverFile("ipc", spec.capability, path, host))
+        paths = [mps_pipe_dir] if spec.is_dir and mps_pipe_dir else _ipc_paths(spec.path)
+        for path in paths:
+            canonical = resolve_in_root(root, path)
+            host = join(root, canonical)
+            present = os.path.isdir(host) if spec.is_dir else _is_socket(host)
+            if present and canonical not in seen:
+                seen.add(canonical)
+                found.append(DriverFile("ipc", spec.capability, path, host))
+                break
     return found
 
 
@@ -143,11 +322,23 @@ def configs(root: str) -> list[DriverFile]:
             hits = sorted(glob.glob(join(root, variant)))
             for host in hits:
                 canonical = posixpath.join(posixpath.dirname(pattern), posixpath.basename(host))
-                found.append(DriverFile("config", "graphics", canonical, os.path.realpath(host)))
+                found_at = posixpath.join(posixpath.dirname(variant), posixpath.basename(host))
+                # Followed inside the root: Debian's alternatives links are absolute (nvoptix.bin).
+                real = join(root, resolve_in_root(root, found_at))
+                found.append(DriverFile("config", "graphics", canonical, real))
             if hits:
                 break
     return found
 
 
 def all_files(root: str, version: str, mps_pipe_dir: str | None = None) -> list[DriverFile]:
-    return libraries(root, version) + binaries(root) + firmware(root, version) + ipc(root, mps_pipe_dir) + configs(root)
+    libs = libraries(root, version)
+    return (
+        libs
+        + links(libs)
+        + xorg_modules(root, version)
+        + binaries(root)
+        + firmware(root, version)
+        + ipc(root, mps_pipe_dir)
+        + configs(root)
+    )

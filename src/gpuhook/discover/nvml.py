@@ -222,6 +222,74 @@ def _topology(nv: Any, gpus: list[NvmlGpu]) -> None:
         g.nvlinks, g.pci_levels, g.p2p_ok = li, le, pp
 
 
+_CAP_MKNOD = 27
+_CAP_SYS_MODULE = 16
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+
+
+def _drop_device_powers() -> None:
+    """Clear CAP_MKNOD and CAP_SYS_MODULE from this process's effective and permitted sets.
+
+    Finding no kernel driver, NVIDIA's libnvidia-ml running as root creates /dev/nvidiactl on the host and
+    tries to load the module; without these it cannot, and reports the driver as not loaded instead.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Data(ctypes.Structure):
+        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+    header = Header(_LINUX_CAPABILITY_VERSION_3, 0)
+    data = (Data * 2)()
+    if libc.capget(ctypes.byref(header), data) != 0:
+        raise OSError(ctypes.get_errno(), "capget")
+    for cap in (_CAP_MKNOD, _CAP_SYS_MODULE):
+        data[0].effective &= ~(1 << cap)
+        data[0].permitted &= ~(1 << cap)
+    if libc.capset(ctypes.byref(header), data) != 0:
+        raise OSError(ctypes.get_errno(), "capset")
+
+
+def query_in_child(library_path: str) -> NvmlReport:
+    """`query` in a forked child that cannot create device nodes or load modules and exits afterwards: no
+    gpuhook process keeps libnvidia-ml loaded, and a driver root whose kernel side is absent cannot make
+    NVML create /dev/nvidia* on the host."""
+    import os
+    import pickle
+
+    import pynvml  # noqa: F401 - imported before fork: a child must not take the import lock
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            _drop_device_powers()
+            result: object = query(library_path)
+        except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent as one line
+            result = DiscoveryError(str(exc) if isinstance(exc, DiscoveryError) else f"NVML query: {exc}")
+        try:
+            with os.fdopen(w, "wb") as out:
+                pickle.dump(result, out)
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as pipe:
+        data = pipe.read()
+    os.waitpid(pid, 0)
+    try:
+        result = pickle.loads(data)
+    except Exception:  # noqa: BLE001 - a child that died mid-way
+        raise DiscoveryError(f"NVML query of {library_path} died without an answer") from None
+    if isinstance(result, DiscoveryError):
+        raise result
+    if not isinstance(result, NvmlReport):
+        raise DiscoveryError(f"NVML query of {library_path} gave no report")
+    return result
+
+
 def query(library_path: str) -> NvmlReport:
     """Everything gpuhook needs from NVML, in one init/shutdown."""
     with bound_nvml(library_path) as nv:

@@ -107,7 +107,7 @@ class Artifact:
             "-fPIC",
             "-s",
             "-fvisibility=hidden",
-            f"-Wl,-soname,{self.soname}",
+            *([f"-Wl,-soname,{self.soname}"] if self.soname else []),  # libnvidia-vulkan-producer has none
             "-Wl,-Bsymbolic",
             "-Wl,--no-as-needed",
             str(CSRC / source),

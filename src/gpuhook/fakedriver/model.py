@@ -166,7 +166,8 @@ class FakeLibrary:
 
     @property
     def soname_path(self) -> str:
-        return f"{self.path.rsplit('/', 1)[0]}/{self.soname}"
+        """Where the loader finds it by soname: the file itself when it has no soname."""
+        return f"{self.path.rsplit('/', 1)[0]}/{self.soname}" if self.soname else self.path
 
 
 @dataclass(frozen=True)

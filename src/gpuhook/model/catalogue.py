@@ -1,7 +1,9 @@
 """The driver's user-space file catalogue: the one list that discovery, the fake driver and planning share.
 
-It reproduces libnvidia-container's per-capability lists (DESIGN.md). Names are data, not behaviour:
-discovery finds these files on a host, the simulated driver creates them, planning picks them by capability.
+It reproduces libnvidia-container's per-capability lists (DESIGN.md), completed with what NVIDIA's real
+packages ship (docs: the real-driver fact sheet). Discovery takes the files as the truth (every
+`*.so.<driver version>` beside libcuda, sonames read from the ELF) and uses this table only to *classify*
+them; the simulated driver creates what the table says, with the sonames the real files have.
 """
 
 from __future__ import annotations
@@ -9,6 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 CAPABILITIES: tuple[str, ...] = ("compute", "utility", "video", "graphics", "display", "compat32", "ngx")
+# A driver-version library the table does not know: CDI still mounts it (as nvidia-ctk does), the hook's
+# capability lists never select it, `info` shows it under this name.
+UNCLASSIFIED = "unclassified"
 DEFAULT_CAPABILITIES: tuple[str, ...] = ("utility", "compute")
 
 LIB_DIR = "/usr/lib/x86_64-linux-gnu"
@@ -18,25 +23,35 @@ FIRMWARE_DIR = "/lib/firmware/nvidia"
 
 @dataclass(frozen=True)
 class LibrarySpec:
-    """One driver library: `lib<name>.so.<driver version>` whose soname is `lib<name>.so.<soname_version>`.
+    """One driver library: `lib<name>.so.<driver version>` (or `.so.<file_version>`).
 
-    `soname_version` None means the soname carries the full driver version (libnvidia-glcore & co).
+    `soname_version` is what the real file's DT_SONAME carries and what the simulated driver gives it:
+    None the full driver version (libnvidia-glcore & co: soname = file name), "" no soname at all
+    (libnvidia-vulkan-producer). Discovery never takes a soname from here: it reads the ELF.
+    `file_version` names a library shipped under a fixed name instead of the driver version
+    (libnvidia-api.so.1).
     """
 
     name: str
     capability: str
     soname_version: str | None
     subdir: str = ""  # e.g. "vdpau" for libvdpau_nvidia
+    file_version: str = ""
 
     def file_name(self, driver_version: str) -> str:
-        return f"{self.name}.so.{driver_version}"
+        return f"{self.name}.so.{self.file_version or driver_version}"
 
     def soname(self, driver_version: str) -> str:
+        if self.soname_version == "":
+            return ""
         return f"{self.name}.so.{self.soname_version or driver_version}"
 
 
-def _libs(capability: str, *entries: tuple[str, str | None] | tuple[str, str | None, str]) -> list[LibrarySpec]:
-    return [LibrarySpec(e[0], capability, e[1], e[2] if len(e) > 2 else "") for e in entries]  # type: ignore[misc]
+_Entry = tuple[str, str | None] | tuple[str, str | None, str] | tuple[str, str | None, str, str]
+
+
+def _libs(capability: str, *entries: _Entry) -> list[LibrarySpec]:
+    return [LibrarySpec(e[0], capability, *e[1:]) for e in entries]
 
 
 LIBRARIES: tuple[LibrarySpec, ...] = tuple(
@@ -78,8 +93,49 @@ LIBRARIES: tuple[LibrarySpec, ...] = tuple(
         ("libGLESv1_CM_nvidia", "1"),
         ("libnvidia-glvkspirv", None),
         ("libnvidia-cbl", None),
+        ("libnvidia-vulkan-producer", ""),
+        ("libnvidia-vksc-core", "1"),
+        ("libnvidia-api", "1", "", "1"),
+        ("libnvidia-gtk2", None),
+        ("libnvidia-gtk3", None),
     )
     + _libs("ngx", ("libnvidia-ngx", "1"))
+)
+
+# Libraries of the driver's packages found by their place, not by the driver version.
+# The EGL external platform libraries carry their own versions (libnvidia-egl-gbm.so.1.1.0): the JSON files
+# in these folders name them by soname, and mounting a JSON without its library breaks EGL.
+EGL_PLATFORM_DIRS: tuple[str, ...] = ("/usr/share/egl/egl_external_platform.d", "/etc/egl/egl_external_platform.d")
+EGL_PLATFORM_CAPABILITY = "graphics"
+# The GBM backend: <libdir>/gbm/nvidia-drm_gbm.so -> ../<allocator soname> (NVIDIA's create-symlinks hook).
+GBM_ALLOCATOR = "libnvidia-allocator"
+GBM_BACKEND_LINK = "gbm/nvidia-drm_gbm.so"
+
+
+@dataclass(frozen=True)
+class XorgModuleSpec:
+    """An X server module of the driver: `{version}` in the name stands for the driver version."""
+
+    folder: str  # "drivers" or "extensions"
+    name: str
+    capability: str = "display"
+    link: str = ""  # an unversioned name the container gets as a link to the file
+
+
+XORG_MODULES: tuple[XorgModuleSpec, ...] = (
+    XorgModuleSpec("drivers", "nvidia_drv.so"),
+    XorgModuleSpec("extensions", "libglxserver_nvidia.so.{version}", link="libglxserver_nvidia.so"),
+)
+# Where the X modules live (NVIDIA's graphics discoverer searches the same, after the library folder's own
+# nvidia/xorg and xorg/modules): `{folder}` is drivers or extensions.
+XORG_MODULE_DIRS: tuple[str, ...] = (
+    "/usr/lib/xorg/modules/{folder}",
+    "/usr/lib/xorg/modules/updates/{folder}",
+    "/usr/lib64/xorg/modules/{folder}",
+    "/usr/lib64/xorg/modules/updates/{folder}",
+    "/usr/lib/x86_64-linux-gnu/xorg/modules/{folder}",
+    "/usr/X11R6/lib/modules/{folder}",
+    "/usr/X11R6/lib64/modules/{folder}",
 )
 
 # Development links created in the container: link name -> soname it points to (same directory).
@@ -119,6 +175,8 @@ class IpcSpec:
     is_dir: bool = False
 
 
+# /var/run is a link to /run on current distributions but a folder of its own on some: both are looked at.
+RUN_ALIASES: tuple[tuple[str, str], ...] = (("/var/run/", "/run/"),)
 IPC: tuple[IpcSpec, ...] = (
     IpcSpec("/var/run/nvidia-persistenced/socket", "utility"),
     IpcSpec("/var/run/nvidia-fabricmanager/socket", "utility"),
@@ -186,4 +244,12 @@ def expand_capabilities(capabilities: frozenset[str] | set[str] | tuple[str, ...
 
 
 def library_by_soname(driver_version: str) -> dict[str, LibrarySpec]:
-    return {lib.soname(driver_version): lib for lib in LIBRARIES}
+    return {lib.soname(driver_version): lib for lib in LIBRARIES if lib.soname(driver_version)}
+
+
+def library_by_name(name: str) -> LibrarySpec | None:
+    """The table's entry for `lib<name>` (the file name without `.so.<version>`), None when unknown."""
+    return _BY_NAME.get(name)
+
+
+_BY_NAME: dict[str, LibrarySpec] = {lib.name: lib for lib in LIBRARIES}

@@ -18,8 +18,10 @@ from gpuhook.model.inventory import DeviceNode, DriverFile, Gpu, Inventory, MigD
 _T = TypeVar("_T")
 
 FILE_OPTIONS: tuple[str, ...] = ("ro", "nosuid", "nodev", "rbind", "rprivate")
+CUDA_SONAME = "libcuda.so.1"
 SOCKET_OPTIONS: tuple[str, ...] = ("nosuid", "nodev", "noexec", "rbind", "rprivate")
-ALL_CAPABILITIES = frozenset(catalogue.CAPABILITIES)
+# Everything, including the driver-version libraries the catalogue cannot classify (what CDI mounts).
+ALL_CAPABILITIES = frozenset(catalogue.CAPABILITIES) | {catalogue.UNCLASSIFIED}
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,9 @@ class ContainerEdits:
     # Hook-only: /proc/driver/nvidia content of the selected GPUs (a runtime cannot mount into /proc for CDI).
     proc_gpu_dirs: list[str] = field(default_factory=list)
     params_host_path: str = ""
+    # The host driver's version when the container gets libcuda: an image's CUDA forward-compatibility
+    # libcuda newer than this goes first in its ld cache (inject/cudacompat.py).
+    cuda_compat_driver: str = ""
 
     def is_empty(self) -> bool:
         return not (self.env or self.device_nodes or self.mounts or self.symlinks or self.ld_dirs)
@@ -66,6 +71,7 @@ class ContainerEdits:
             ld_dirs=_unique(self.ld_dirs + other.ld_dirs, key=lambda d: d),
             proc_gpu_dirs=_unique(self.proc_gpu_dirs + other.proc_gpu_dirs, key=lambda d: d),
             params_host_path=self.params_host_path or other.params_host_path,
+            cuda_compat_driver=self.cuda_compat_driver or other.cuda_compat_driver,
         )
 
 
@@ -127,13 +133,16 @@ def _mount(f: DriverFile) -> Mount:
     return Mount(f.host_path, f.path, SOCKET_OPTIONS if f.kind == "ipc" else FILE_OPTIONS)
 
 
-def _links(libs: list[DriverFile]) -> list[Symlink]:
+def _links(libs: list[DriverFile], made: list[DriverFile]) -> list[Symlink]:
+    """Each library's soname link (from its DT_SONAME: none without one or when it is the file name), the
+    development links, and the links discovery found the driver makes (`kind` link)."""
     links: list[Symlink] = []
     by_soname = {(posixpath.dirname(f.path), f.soname): f for f in libs}
     for f in libs:
         folder, name = posixpath.split(f.path)
         if f.soname and f.soname != name:
             links.append(Symlink(name, posixpath.join(folder, f.soname)))
+    links += [Symlink(f.target, f.path) for f in made]
     for link_name, soname in catalogue.DEV_LINKS.items():
         for (folder, so), _f in by_soname.items():
             if so == soname:
@@ -162,6 +171,8 @@ def common_edits(
     caps = catalogue.expand_capabilities(capabilities)
     files = [f for f in inv.files if _wanted(f, caps)]
     libs = [f for f in files if f.kind in ("lib", "lib32")]
+    made = [f for f in files if f.kind == "link"]
+    libcuda = any(f.soname == CUDA_SONAME for f in libs)
     nodes = control_nodes(inv, caps)
     if mig_config and "config" in inv.mig_control_nodes:
         nodes.append(inv.mig_control_nodes["config"])
@@ -169,10 +180,11 @@ def common_edits(
         nodes.append(inv.mig_control_nodes["monitor"])
     return ContainerEdits(
         device_nodes=nodes,
-        mounts=[_mount(f) for f in files],
-        symlinks=_links(libs),
+        mounts=[_mount(f) for f in files if f.kind != "link"],
+        symlinks=_links(libs, made),
         ld_dirs=_unique([posixpath.dirname(f.path) for f in libs], key=lambda d: d),
         params_host_path=inv.params_host_path,
+        cuda_compat_driver=inv.driver_version if libcuda else "",
     )
 
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-INVENTORY_FORMAT = 3  # 2: GPU-to-GPU topology (NVLinks, PCI common ancestors, P2P); 3: IMEX channels, gated devices
+# 2: GPU-to-GPU topology (NVLinks, PCI common ancestors, P2P); 3: IMEX channels, gated devices;
+# 4: driver files from the files (unclassified libraries, ELF sonames, links)
+INVENTORY_FORMAT = 4
 
 
 def normalize_bus_id(bus_id: str) -> str:
@@ -36,13 +38,15 @@ class DeviceNode:
 
 @dataclass(frozen=True)
 class DriverFile:
-    """A driver file to bind into containers. `kind`: lib, lib32, bin, firmware, ipc, config."""
+    """A driver file to bind into containers. `kind`: lib, lib32, bin, firmware, ipc, config, xorg (an X
+    server module: mounted, not a loader folder), link (made in the container, nothing mounted)."""
 
     kind: str
-    capability: str
+    capability: str  # one of catalogue.CAPABILITIES, or catalogue.UNCLASSIFIED
     path: str  # canonical container path
-    host_path: str  # real path on this host (driver root prefixed, symlinks resolved)
-    soname: str = ""  # libraries only
+    host_path: str  # real path on this host (driver root prefixed, symlinks resolved); "" for a link
+    soname: str = ""  # libraries only: the file's DT_SONAME ("" when it has none)
+    target: str = ""  # links only: what the link says
 
 
 @dataclass(frozen=True)

@@ -64,9 +64,13 @@ def host_value(inv: Inventory, gpu: Gpu | None, key: str) -> str | None:
     return gpu.compute_capability or None if key == "arch" else gpu.brand or None
 
 
+# The host's own values: a constraint on them that cannot be checked refuses the start, never passes.
+HOST_KEYS = ("cuda", "driver")
+
+
 def _holds(cond: Condition, actual: str | None) -> bool:
     if actual is None:
-        return True  # the host cannot say (no device, or procfs discovery): nothing to check against
+        return True  # a per-device value the host cannot say (no device, or procfs discovery)
     if cond.key == "brand":
         return actual.lower() == cond.value.lower()
     return _compare(actual, cond.op, cond.value)
@@ -77,6 +81,12 @@ def check(inv: Inventory, constraints: tuple[str, ...], devices: tuple[Gpu | Mig
     gpus: list[Gpu | None] = [d if isinstance(d, Gpu) else inv.gpus[d.gpu_index] for d in devices] or [None]
     for text in constraints:
         parsed = parse_constraint(text)
+        for alternatives in parsed:
+            for c in alternatives:
+                if c.key in HOST_KEYS and host_value(inv, None, c.key) is None:
+                    raise RequirementError(
+                        f"cannot check requirement {clip(text)}: the host's {c.key} version is unknown"
+                    )
         for gpu in gpus:
             for alternatives in parsed:
                 if not any(_holds(c, host_value(inv, gpu, c.key)) for c in alternatives):
