@@ -120,8 +120,8 @@ def render_edits(edits: ContainerEdits, hook_path: str, env: Sequence[str] = ())
 
 
 def _device_only(edits: ContainerEdits) -> ContainerEdits:
-    """The part of a device's edits a spec device carries (its nodes)."""
-    return ContainerEdits(device_nodes=list(edits.device_nodes))
+    """The part of a device's edits a spec device carries (its nodes, its /dev/dri/by-path links)."""
+    return ContainerEdits(device_nodes=list(edits.device_nodes), symlinks=list(edits.symlinks))
 
 
 def build_spec(

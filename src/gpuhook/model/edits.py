@@ -19,6 +19,8 @@ _T = TypeVar("_T")
 
 FILE_OPTIONS: tuple[str, ...] = ("ro", "nosuid", "nodev", "rbind", "rprivate")
 CUDA_SONAME = "libcuda.so.1"
+MIG_CAP_NODES = 2
+DRI_BY_PATH = "/dev/dri/by-path"  # the GPU instance's and the compute instance's access capability
 SOCKET_OPTIONS: tuple[str, ...] = ("nosuid", "nodev", "noexec", "rbind", "rprivate")
 # Everything, including the driver-version libraries the catalogue cannot classify (what CDI mounts).
 ALL_CAPABILITIES = frozenset(catalogue.CAPABILITIES) | {catalogue.UNCLASSIFIED}
@@ -116,11 +118,32 @@ def device_edits(
     gpu = _parent(inv, device)
     caps = catalogue.expand_capabilities(capabilities)
     nodes: list[DeviceNode] = [gpu.node] if gpu.node else []
+    links: list[Symlink] = []
     if isinstance(device, MigDevice):
+        if len(device.cap_nodes) < MIG_CAP_NODES:
+            # NVIDIA refuses too: a MIG device without its capability nodes is not usable, and a container
+            # given one without them would see no device rather than fail.
+            who = f"MIG device {device.name}" + (f" ({device.uuid})" if device.uuid else "")
+            raise RequestError(
+                f"error getting MIG capability device paths for {who}: no nvidia-caps node found for "
+                f"{device.gi_access} and {device.ci_access}"
+            )
         nodes += device.cap_nodes
     elif "graphics" in caps:
         nodes += gpu.dri_nodes
-    return ContainerEdits(device_nodes=nodes, proc_gpu_dirs=[gpu.proc_dir] if gpu.proc_dir else [])
+        links = dri_by_path_links(gpu)
+    return ContainerEdits(device_nodes=nodes, symlinks=links, proc_gpu_dirs=[gpu.proc_dir] if gpu.proc_dir else [])
+
+
+def dri_by_path_links(gpu: Gpu) -> list[Symlink]:
+    """udev's /dev/dri/by-path/pci-<bus id>-card|render links for the GPU's DRM nodes (discovery found the
+    nodes through them, so the host has them): Vulkan and EGL pick a GPU's render node by bus id this way."""
+    out: list[Symlink] = []
+    for node in gpu.dri_nodes:
+        name = posixpath.basename(node.path)
+        role = "render" if name.startswith("renderD") else "card"
+        out.append(Symlink(f"../{name}", f"{DRI_BY_PATH}/pci-{gpu.pci_bus_id}-{role}"))
+    return out
 
 
 def _wanted(f: DriverFile, caps: frozenset[str]) -> bool:

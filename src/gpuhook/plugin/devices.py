@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from gpuhook.errors import ConfigError
 from gpuhook.model.contract import CDI_ANNOTATION_PREFIX as ANNOTATION_PREFIX
 from gpuhook.model.contract import CDI_KIND
+from gpuhook.model.edits import device_edits
 from gpuhook.model.inventory import Gpu, Inventory, MigDevice
 
 ID_STRATEGIES = ("uuid", "index")
@@ -109,11 +110,8 @@ def strip_replica(device_id: str) -> str:
 
 
 def _node_paths(inv: Inventory, target: Target) -> tuple[str, ...]:
-    gpu = inv.gpus[target.gpu_index] if isinstance(target, MigDevice) else target
-    paths = [gpu.node.host_path] if gpu.node else []
-    if isinstance(target, MigDevice):
-        paths += [n.host_path for n in target.cap_nodes]
-    return tuple(paths)
+    """The device's own nodes, from the planning model (which refuses a MIG device without its caps nodes)."""
+    return tuple(n.host_path for n in device_edits(inv, target, frozenset()).device_nodes)
 
 
 def _devices(inv: Inventory, targets: Iterable[Target], opts: Options) -> tuple[PluginDevice, ...]:
