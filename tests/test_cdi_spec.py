@@ -205,7 +205,8 @@ def test_hooks() -> None:
     assert args[4 : 4 + 2 * n : 2] == [f"{s.target}::{s.link}" for s in common.symlinks]
     assert "libcuda.so.550.54.15::/usr/lib/x86_64-linux-gnu/libcuda.so.1" in args
     assert "libcuda.so.1::/usr/lib/x86_64-linux-gnu/libcuda.so" in args
-    assert args[3 + 2 * n :] == ["--folder", "/usr/lib/x86_64-linux-gnu", "--folder", "/usr/lib/x86_64-linux-gnu/vdpau"]
+    assert args[3 + 2 * n :] == ["--folder", "/usr/lib/x86_64-linux-gnu", "--folder", "/usr/lib/x86_64-linux-gnu/vdpau",
+                                 "--host-driver-version", "550.54.15"]  # for the image's CUDA compat libcuda
     assert hook["env"] == list(HOOK_ENV)  # never inherit the runtime's environment
 
 

@@ -27,6 +27,7 @@ from support.runc import busybox_rootfs, make_bundle, need_busybox, runc_run, un
 from test_hook_e2e import PROBE, nodes, write_config
 
 import gpuhook
+from gpuhook import _native
 from gpuhook.cli import entry as hook_entry
 from gpuhook.errors import GpuhookError
 from gpuhook.hook import prestart as hook
@@ -261,6 +262,30 @@ def test_cdi_hook_update_container_as_click(entry: Path, tmp_path: Path) -> None
         assert (bundle / "rootfs/etc/ld.so.conf.d/00-gpuhook.conf").read_text() == "/usr/lib/x86_64-linux-gnu\n"
 
 
+def test_cdi_hook_cuda_compat_as_click(entry: Path, tmp_path: Path) -> None:
+    """--host-driver-version: an image's compat libcuda of a newer driver major goes first (00-compat conf and
+    the first ld cache entry), in the lean entry and in click alike."""
+    need_root()
+    (lean, lean_state), (ref, ref_state) = cdi_twins(tmp_path)
+    src = tmp_path / "cuda.c"
+    src.write_text("int cuInit(unsigned f) { return (int)f; }\n")
+    for bundle in (lean, ref):
+        for folder, name in (("usr/lib/x86_64-linux-gnu", "libcuda.so.535.309.01"),
+                             ("usr/local/cuda/compat", "libcuda.so.550.54.15")):
+            (bundle / "rootfs" / folder).mkdir(parents=True, exist_ok=True)
+            subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o",
+                            str(bundle / "rootfs" / folder / name), str(src)], check=True, capture_output=True)
+    args = ["update-container", "--folder", "/usr/lib/x86_64-linux-gnu", "--host-driver-version", "535.309.01"]
+    lean_result = run_entry(entry, ["cdi-hook", *args], lean_state)
+    assert lean_result.returncode == 0, lean_result.stderr
+    assert click_cdi_hook(args, ref_state).returncode == 0
+    for bundle in (lean, ref):
+        conf = bundle / "rootfs/etc/ld.so.conf.d/00-compat-gpuhook.conf"
+        assert conf.read_text() == "/usr/local/cuda/compat\n"
+        entries = [e for e in _native.read_ldcache(str(bundle / "rootfs/etc/ld.so.cache")) if e.key == "libcuda.so.1"]
+        assert entries[0].value == "/usr/local/cuda/compat/libcuda.so.1", entries
+
+
 @pytest.mark.parametrize("args", [
     ["update-container", "--link", "a::relative"],
     ["update-container", "--folder", "relative"],
@@ -271,6 +296,8 @@ def test_cdi_hook_update_container_as_click(entry: Path, tmp_path: Path) -> None
     ["update-ldcache", "--folder", "relative"],
     ["update-ldcache", "--ldconfig-path", "/a", "--ldconfig-path", "/b", "--help"],
     ["update-ldcache", "extra"],
+    ["update-container", "--host-driver-version", "5x5"],
+    ["update-ldcache", "--host-driver-version", "535", "--host-driver-version", "550"],
     ["no-such-hook"],
     [],
 ])  # fmt: skip

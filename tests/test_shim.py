@@ -86,6 +86,10 @@ def test_rewrite_matches_the_cdi_rendering() -> None:
         [(m["hostPath"], m["containerPath"], m["options"]) for m in common["mounts"]]
     assert all(m["type"] == "bind" for m in out["mounts"])
     cdi_hooks = [{k: v for k, v in h.items() if k != "hookName"} for h in common["hooks"]]
+    # One process per start: the device's own links (its /dev/dri/by-path ones) lead the common hook's.
+    device_args = [a for h in device0.get("hooks", []) for a in h["args"][3:]]
+    assert device_args and all(a.startswith(("--link", "../")) for a in device_args)
+    cdi_hooks = [{**h, "args": h["args"][:3] + device_args + h["args"][3:]} for h in cdi_hooks]
     assert out["hooks"] == {"createContainer": cdi_hooks}
     assert out["process"]["env"] == ["A=1"]  # no env of its own: the request stays visible to the user
 

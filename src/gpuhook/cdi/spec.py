@@ -95,6 +95,8 @@ def render_hooks(edits: ContainerEdits, hook_path: str) -> list[dict[str, Any]]:
         args += ["--link", f"{link.target}::{link.link}"]
     for folder in edits.ld_dirs:
         args += ["--folder", folder]
+    if edits.ld_dirs and edits.cuda_compat_driver:
+        args += ["--host-driver-version", edits.cuda_compat_driver]
     return [{"hookName": HOOK_NAME, "path": hook_path, "args": args, "env": list(HOOK_ENV)}]
 
 

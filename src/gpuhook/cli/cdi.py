@@ -173,19 +173,34 @@ _LDCONFIG_OPTION = click.option("--ldconfig-path", default="/sbin/ldconfig", sho
                                 help="The host's ldconfig (never the image's).")
 
 
-def _run(links: list[tuple[str, str]], folders: list[str], ldconfig_path: str) -> None:
+def _check_driver_version(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
+    from gpuhook.inject.containerhooks import valid_driver_version
+
+    if value and not valid_driver_version(value):
+        raise click.BadParameter(f"{value[:40]!r} is not a driver version like 535.309.01")
+    return value
+
+
+_DRIVER_VERSION_OPTION = click.option(
+    "--host-driver-version", default="", callback=_check_driver_version, metavar="VERSION",
+    help="The host driver's version: an image's CUDA compat libcuda of a newer major goes first in its ld cache.")
+
+
+def _run(links: list[tuple[str, str]], folders: list[str], ldconfig_path: str, host_driver_version: str = "") -> None:
     from gpuhook.inject.containerhooks import container_rootfs, update_container
 
-    update_container(container_rootfs(sys.stdin.buffer.read()), links, folders, ldconfig_path)
+    update_container(container_rootfs(sys.stdin.buffer.read()), links, folders, ldconfig_path, host_driver_version)
 
 
 @cdi_hook.command("update-container")
 @_LINK_OPTION
 @_FOLDER_OPTION
 @_LDCONFIG_OPTION
-def update_container_cmd(links: list[tuple[str, str]], folders: list[str], ldconfig_path: str) -> None:
+@_DRIVER_VERSION_OPTION
+def update_container_cmd(links: list[tuple[str, str]], folders: list[str], ldconfig_path: str,
+                         host_driver_version: str) -> None:
     """Links, then the ld cache, in one start (what gpuhook's specs call)."""
-    _run(links, folders, ldconfig_path)
+    _run(links, folders, ldconfig_path, host_driver_version)
 
 
 @cdi_hook.command("create-symlinks")
@@ -198,6 +213,7 @@ def create_symlinks(links: list[tuple[str, str]]) -> None:
 @cdi_hook.command("update-ldcache")
 @_FOLDER_OPTION
 @_LDCONFIG_OPTION
-def update_ldcache_cmd(folders: list[str], ldconfig_path: str) -> None:
+@_DRIVER_VERSION_OPTION
+def update_ldcache_cmd(folders: list[str], ldconfig_path: str, host_driver_version: str) -> None:
     """Add FOLDERs to the container's ld.so.conf.d and rebuild its ld cache with the host's ldconfig."""
-    _run([], folders, ldconfig_path)
+    _run([], folders, ldconfig_path, host_driver_version)

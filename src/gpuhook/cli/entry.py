@@ -60,21 +60,27 @@ def _options(args: Sequence[str], names: tuple[str, ...]) -> list[tuple[str, str
     return out
 
 
-def _hook_args(command: str, args: Sequence[str]) -> tuple[list[tuple[str, str]], list[str], str] | None:
-    """(links, folders, ldconfig) for the cdi-hook sub-commands, None for anything click should answer."""
-    from gpuhook.inject.containerhooks import DEFAULT_LDCONFIG, parse_link
+def _hook_args(command: str, args: Sequence[str]) -> tuple[list[tuple[str, str]], list[str], str, str] | None:
+    """(links, folders, ldconfig, host driver version) for the cdi-hook sub-commands, None for anything click
+    should answer (including every malformed value: click says what is wrong)."""
+    from gpuhook.inject.containerhooks import DEFAULT_LDCONFIG, parse_link, valid_driver_version
 
-    allowed = {"create-symlinks": ("--link",), "update-ldcache": ("--folder", "--ldconfig-path"),
-               "update-container": ("--link", "--folder", "--ldconfig-path")}.get(command)
+    allowed = {"create-symlinks": ("--link",),
+               "update-ldcache": ("--folder", "--ldconfig-path", "--host-driver-version"),
+               "update-container": ("--link", "--folder", "--ldconfig-path", "--host-driver-version")}.get(command)
     pairs = _options(args, allowed) if allowed else None
     if pairs is None:
         return None
     links = [parse_link(v) for n, v in pairs if n == "--link"]
     folders = [v for n, v in pairs if n == "--folder"]
     ldconfig = [v for n, v in pairs if n == "--ldconfig-path"]
+    versions = [v for n, v in pairs if n == "--host-driver-version"]
     if None in links or len(ldconfig) > 1 or not all(f.startswith("/") for f in folders):
         return None
-    return links, folders, (ldconfig[0] if ldconfig else DEFAULT_LDCONFIG)  # type: ignore[return-value]
+    if len(versions) > 1 or not all(valid_driver_version(v) for v in versions):
+        return None
+    return (links, folders, (ldconfig[0] if ldconfig else DEFAULT_LDCONFIG),  # type: ignore[return-value]
+            versions[0] if versions else "")
 
 
 def cdi_hook(args: Sequence[str]) -> int:

@@ -26,7 +26,9 @@ from gpuhook.model.inventory import Gpu, Inventory, MigDevice
 from gpuhook.model.request import CDI_KIND
 from gpuhook.model.selection import find_device
 
-_LIB_VERSION = re.compile(r"/lib[^/]*\.so\.(\d+\.\d+(?:\.\d+)?)$")
+# The driver's version shows in libcuda's and libnvidia-ml's names; other libraries of the driver's packages
+# carry their own (libnvidia-egl-gbm.so.1.1.0, libnvidia-api.so.1) and say nothing about it.
+_LIB_VERSION = re.compile(r"/lib(?:cuda|nvidia-ml)\.so\.(\d+\.\d+(?:\.\d+)?)$")
 _FIRMWARE_VERSION = re.compile(r"/firmware/nvidia/(\d+\.\d+(?:\.\d+)?)/")
 Device = Gpu | MigDevice
 Nodes = frozenset[tuple[str, int, int]]

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from gpuhook import _native
 from gpuhook.errors import InjectionError
-from gpuhook.inject import ldcache, mounts
+from gpuhook.inject import cudacompat, ldcache, mounts
 from gpuhook.inject.rootfs import RootFS
 from gpuhook.model.edits import ContainerEdits
 
@@ -125,7 +125,7 @@ def apply_in_namespace(
         _mask_proc(root, edits, proc_root)
         os.umask(0o022)
         if edits.ld_dirs:
-            ldcache.update_ldcache(root, edits.ld_dirs, ldconfig_fd)
+            cudacompat.update_ldcache(root, edits.ld_dirs, ldconfig_fd, edits.cuda_compat_driver)
 
 
 def run_in_mount_namespace(pid: int, work: Callable[[], None], proc_root: str = "/proc") -> None:

@@ -7,10 +7,17 @@ the click CLI (`gpuhook cdi-hook …`) or the lean entry script (hook_entry.py);
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable
 
 LINK_SEPARATOR = "::"
 DEFAULT_LDCONFIG = "/sbin/ldconfig"
+_DRIVER_VERSION = re.compile(r"[0-9]{1,6}(\.[0-9]{1,6}){0,3}")
+
+
+def valid_driver_version(value: str) -> bool:
+    """`--host-driver-version`: digits and dots (535.309.01), bounded."""
+    return _DRIVER_VERSION.fullmatch(value) is not None
 
 
 def parse_link(value: str) -> tuple[str, str] | None:
@@ -29,9 +36,10 @@ def container_rootfs(state_text: bytes) -> str:
 
 
 def update_container(rootfs_path: str, links: Iterable[tuple[str, str]], folders: list[str],
-                     ldconfig_path: str = DEFAULT_LDCONFIG) -> None:
+                     ldconfig_path: str = DEFAULT_LDCONFIG, host_driver_version: str = "") -> None:
     """Create the links (an existing file or directory at a link is left alone), then, if `folders`, register
-    them and rebuild the ld cache with the host's ldconfig. One rootfs descriptor for both steps."""
+    them and rebuild the ld cache with the host's ldconfig. One rootfs descriptor for both steps.
+    With `host_driver_version`, an image's newer CUDA compat libcuda goes first (inject/cudacompat.py)."""
     from gpuhook.inject.rootfs import RootFS
 
     fd = -1
@@ -44,9 +52,9 @@ def update_container(rootfs_path: str, links: Iterable[tuple[str, str]], folders
             for target, link in links:
                 rootfs.symlink(target, link)
             if folders:
-                from gpuhook.inject.ldcache import update_ldcache
+                from gpuhook.inject.cudacompat import update_ldcache
 
-                update_ldcache(rootfs, folders, fd)
+                update_ldcache(rootfs, folders, fd, host_driver_version)
     finally:
         if fd >= 0:
             os.close(fd)
