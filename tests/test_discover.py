@@ -59,7 +59,8 @@ def check_matches_fake(data: dict[str, Any], fake: Any) -> None:
         for gm, wm in zip(got["mig_devices"], want.mig_devices, strict=True):
             assert sorted(n["minor"] for n in gm["cap_nodes"]) == sorted([wm.gi_cap_minor, wm.ci_cap_minor])
     libs = {f["path"].rsplit("/", 1)[1] for f in data["files"] if f["kind"] == "lib"}
-    assert libs == {spec.file_name(fake.driver_version) for spec in catalogue.LIBRARIES}
+    others = {lib.path.rsplit("/", 1)[1] for lib in fake.others if lib.path.startswith(catalogue.LIB_DIR)}
+    assert libs == {spec.file_name(fake.driver_version) for spec in catalogue.LIBRARIES} | others
     assert all(f["host_path"].startswith(str(fake.root)) for f in data["files"] if f["kind"] != "link")
     names = set(data["control_nodes"])
     assert {"nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"} <= names

@@ -189,6 +189,28 @@ def test_every_catalogue_library_is_a_real_elf_with_its_soname(fake_driver: Fake
                 assert os.readlink(link) == path.name  # relative, next to the file
 
 
+def test_files_as_nvidia_ships_them(fake_driver: FakeDriver) -> None:
+    """What NVIDIA's real 535 packages showed: libraries without soname, libnvidia-api under its soname, the EGL
+    platform libraries with their own versions, the X modules, the GBM backend link."""
+    fake = fake_driver
+    v = fake.driver_version
+    lib = driverfiles.LIB_DIR
+    producer = fake.host_path(f"{lib}/libnvidia-vulkan-producer.so.{v}")
+    assert producer.is_file() and _soname(producer) == ""
+    api = fake.host_path(f"{lib}/libnvidia-api.so.1")
+    assert api.is_file() and not api.is_symlink() and _soname(api) == "libnvidia-api.so.1"
+    for name, version in (("libnvidia-egl-gbm", "1.1.0"), ("libnvidia-egl-wayland", "1.1.10")):
+        path = fake.host_path(f"{lib}/{name}.so.{version}")
+        assert _soname(path) == f"{name}.so.1"
+        assert os.readlink(fake.host_path(f"{lib}/{name}.so.1")) == path.name
+    drv = fake.host_path("/usr/lib/xorg/modules/drivers/nvidia_drv.so")
+    glxserver = fake.host_path(f"/usr/lib/xorg/modules/extensions/libglxserver_nvidia.so.{v}")
+    assert _soname(drv) == _soname(glxserver) == ""
+    assert os.readlink(glxserver.with_name("libglxserver_nvidia.so")) == glxserver.name
+    assert os.readlink(fake.host_path(f"{lib}/gbm/nvidia-drm_gbm.so")) == "../libnvidia-allocator.so.1"
+    assert fake.host_path(f"{lib}/gbm/nvidia-drm_gbm.so").resolve().name == f"libnvidia-allocator.so.{v}"
+
+
 def test_graphics_libraries_need_their_cores(fake_driver: FakeDriver) -> None:
     glx = _readelf(fake_driver.host_path(fake_driver.library("libGLX_nvidia").path))
     assert f"[libnvidia-glcore.so.{fake_driver.driver_version}]" in glx

@@ -611,7 +611,8 @@ def real_driver_root(
 
 def _strip_simulated_userspace(fake: FakeDriver) -> None:
     """Remove the fake's libraries, links, tools, firmware, configs and NVML controls; keep the kernel side."""
-    paths = [lib.path for lib in fake.libraries] + [lib.soname_path for lib in fake.libraries]
+    libraries = [*fake.libraries, *fake.others]
+    paths = [lib.path for lib in libraries] + [lib.soname_path for lib in libraries]
     paths += [link for link, _ in fake.dev_links]
     paths += [*fake.binaries, *fake.firmware, *fake.configs, "/etc/ld.so.cache"]
     parents: set[Path] = set()

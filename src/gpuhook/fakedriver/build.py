@@ -25,6 +25,7 @@ from gpuhook.fakedriver.model import (
     DEFAULT_DRIVER_VERSION,
     DEFAULT_UUID_SALT,
     DRI_MAJOR,
+    EGL_PLATFORM_LIBRARIES,
     MIG_CONFIG_MINOR,
     MIG_CONFIG_MODE,
     MIG_MONITOR_MINOR,
@@ -33,6 +34,8 @@ from gpuhook.fakedriver.model import (
     PCI_DEVICE_ID,
     PCI_SUBSYSTEM_ID,
     UVM_MAJOR,
+    XORG_DRIVER,
+    XORG_EXTENSIONS,
     FakeDriver,
     FakeGpu,
     FakeLibrary,
@@ -121,9 +124,11 @@ def _describe(
         gpus=gpus,
         compat32=compat32,
         libraries=tuple(_library(spec, driver_version, b) for b in bits for spec in catalogue.LIBRARIES),
+        others=_others(driver_version),
         dev_links=tuple(
             (f"{_LIB_DIRS[b]}/{link}", target) for b in bits for link, target in catalogue.DEV_LINKS.items()
-        ),
+        )
+        + _other_links(driver_version),
         binaries=tuple(f"/usr/bin/{b.name}" for b in catalogue.BINARIES),
         firmware=tuple(f"{catalogue.FIRMWARE_DIR}/{driver_version}/{name}" for name in FIRMWARE_FILES),
         configs=tuple(_configs(driver_version)),
@@ -137,6 +142,27 @@ def _describe(
 def _library(spec: catalogue.LibrarySpec, version: str, bits: int) -> FakeLibrary:
     directory = _LIB_DIRS[bits] + (f"/{spec.subdir}" if spec.subdir else "")
     return FakeLibrary(spec.name, spec.capability, f"{directory}/{spec.file_name(version)}", spec.soname(version), bits)
+
+
+def _others(version: str) -> tuple[FakeLibrary, ...]:
+    """The files of other versions or places the real packages ship (fact sheet: docs of realdriver)."""
+    lib = _LIB_DIRS[64]
+    graphics = catalogue.EGL_PLATFORM_CAPABILITY
+    egl = [FakeLibrary(name, graphics, f"{lib}/{name}.so.{v}", f"{name}.so.{v.split('.')[0]}", 64)
+           for name, v in EGL_PLATFORM_LIBRARIES]
+    glxserver = f"{XORG_EXTENSIONS}/libglxserver_nvidia.so.{version}"
+    xorg = [FakeLibrary("nvidia_drv", "display", XORG_DRIVER, "", 64),
+            FakeLibrary("libglxserver_nvidia", "display", glxserver, "", 64)]
+    return (*egl, *xorg)
+
+
+def _other_links(version: str) -> tuple[tuple[str, str], ...]:
+    """The GBM backend beside the allocator and the unversioned GLX server module, as the .run installer makes."""
+    allocator = next(lib for lib in catalogue.LIBRARIES if lib.name == catalogue.GBM_ALLOCATOR)
+    return (
+        (f"{_LIB_DIRS[64]}/{catalogue.GBM_BACKEND_LINK}", f"../{allocator.soname(version)}"),
+        (f"{XORG_EXTENSIONS}/libglxserver_nvidia.so", f"libglxserver_nvidia.so.{version}"),
+    )
 
 
 def _nodes(gpus: tuple[FakeGpu, ...]) -> tuple[FakeNode, ...]:
@@ -237,6 +263,9 @@ def _artifacts(fake: FakeDriver) -> dict[str, Artifact]:
             else:
                 deps = tuple(stubs[d] for d in _LIB_DEPS.get(lib.name, ()))
                 result[lib.path] = dataclasses.replace(stubs[lib.name], deps=deps)
+    for lib in fake.others:
+        defines = (("FAKE_LIBRARY", c_string(f"{lib.name} {version}")),)
+        result[lib.path] = Artifact("stub", lib.path.rsplit("/", 1)[1], lib.bits, lib.soname, defines)
     for path in fake.binaries:
         name = path.rsplit("/", 1)[1]
         defines = (("FAKE_TOOL", c_string(name)), ("FAKE_DRIVER_VERSION", c_string(version)))
@@ -310,7 +339,7 @@ def _link(fake: FakeDriver, canonical: str, target: str) -> None:
 
 
 def _write_libraries(fake: FakeDriver, artifacts: dict[str, Artifact]) -> None:
-    for lib in fake.libraries:
+    for lib in (*fake.libraries, *fake.others):
         if lib.path in artifacts:
             _copy(fake, lib.path, artifacts[lib.path].path, 0o644)
         if lib.soname_path != lib.path:  # libnvidia-glcore & co: the soname is the file name

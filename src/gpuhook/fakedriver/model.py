@@ -57,6 +57,13 @@ NVLINK_REMOTE_SWITCH = 2
 # the node's interconnect between host bridges, GPUs of different nodes across the SMP interconnect.
 TOPOLOGY_NODE = 40
 TOPOLOGY_SYSTEM = 50
+# The EGL external platform libraries carry their own upstream versions (Debian bookworm's, with 535).
+EGL_PLATFORM_LIBRARIES: tuple[tuple[str, str], ...] = (
+    ("libnvidia-egl-gbm", "1.1.0"),
+    ("libnvidia-egl-wayland", "1.1.10"),
+)
+XORG_DRIVER = "/usr/lib/xorg/modules/drivers/nvidia_drv.so"
+XORG_EXTENSIONS = "/usr/lib/xorg/modules/extensions"
 DRIVER_VERSION_RE = re.compile(r"\d+\.\d+(\.\d+)?")
 CUDA_VERSION_RE = re.compile(r"\d+\.\d+")
 
@@ -180,6 +187,9 @@ class FakeDriver:
     gpus: tuple[FakeGpu, ...]
     compat32: bool
     libraries: tuple[FakeLibrary, ...] = ()
+    # The driver's files of other versions or places, as NVIDIA ships them: the EGL platform libraries (own
+    # versions), the X driver and GLX server module (no soname).
+    others: tuple[FakeLibrary, ...] = ()
     dev_links: tuple[tuple[str, str], ...] = ()  # (canonical link path, target name in the same dir)
     binaries: tuple[str, ...] = ()
     firmware: tuple[str, ...] = ()
