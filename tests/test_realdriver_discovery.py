@@ -165,6 +165,19 @@ def test_info_lists_every_real_file_classified(real_root: RealRoot) -> None:
     by_host = {f["host_path"]: f for f in data["files"] if f["host_path"]}
     missing = [c for c in real_root.libraries() if str(real_root.resolve(c)) not in by_host]
     assert missing == []
+    v = real_root.driver_version
+    others = [f"/usr/bin/{b}" for b in BINARIES] + [
+        f"/lib/firmware/nvidia/{v}/gsp_ga10x.bin",
+        f"/lib/firmware/nvidia/{v}/gsp_tu10x.bin",
+        "/usr/share/nvidia/nvoptix.bin",
+        "/usr/share/glvnd/egl_vendor.d/10_nvidia.json",
+        "/usr/share/egl/egl_external_platform.d/15_nvidia_gbm.json",
+        "/usr/share/egl/egl_external_platform.d/10_nvidia_wayland.json",
+        "/usr/share/vulkan/icd.d/nvidia_icd.json",
+        "/usr/share/vulkan/implicit_layer.d/nvidia_layers.json",
+        "/etc/OpenCL/vendors/nvidia.icd",
+    ]
+    assert [c for c in others if str(real_root.resolve(c)) not in by_host] == []
     assert [f["path"] for f in data["files"] if f["capability"] == "unclassified"] == []
     text = gpuhook("info", *roots(real_root)).stdout
     assert "CUDA version:   12.2" in text and "missing" not in text

@@ -145,6 +145,8 @@ def test_hook_under_runc(e2e: Path, real_root: RealRoot) -> None:
     result = run_hook(e2e, real_root, image(e2e))
     assert result.returncode == 0, result.stderr + result.stdout
     check_probe(result.stdout)
+    cached = json.loads((e2e / "inventory.json").read_text())  # the CUDA version from libcuda is kept
+    assert (cached["source"], cached["cuda_version"]) == ("procfs", "12.2")
 
 
 def test_hook_refuses_a_cuda_requirement_the_driver_does_not_meet(e2e: Path, real_root: RealRoot) -> None:

@@ -270,8 +270,9 @@ def firmware(root: str, version: str) -> list[DriverFile]:
     for base in (catalogue.FIRMWARE_DIR, "/usr/lib/firmware/nvidia"):
         pattern = join(root, posixpath.join(base, version, catalogue.FIRMWARE_GLOB))
         for host in sorted(glob.glob(pattern)):
-            canonical = posixpath.join(catalogue.FIRMWARE_DIR, version, posixpath.basename(host))
-            found.append(DriverFile("firmware", "utility", canonical, host))
+            name = posixpath.basename(host)
+            real = join(root, resolve_in_root(root, posixpath.join(base, version, name)))  # /lib -> usr/lib
+            found.append(DriverFile("firmware", "utility", posixpath.join(catalogue.FIRMWARE_DIR, version, name), real))
         if found:
             break
     return found
