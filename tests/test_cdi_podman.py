@@ -113,6 +113,17 @@ def test_all(world: Podman, fake: FakeDriver, tmp_path: Path) -> None:
     assert run_nodes(world, busybox_rootfs(tmp_path), "nvidia.com/gpu=all") == nodes_of(fake, paths)
 
 
+def test_dri_by_path_links(world: Podman, fake: FakeDriver, tmp_path: Path) -> None:
+    """A GPU's DRM nodes come with udev's by-path links (Vulkan and EGL find a GPU's render node by bus id)."""
+    gpu = fake.gpus[2]
+    base = f"/dev/dri/by-path/pci-{gpu.pci_bus_id}"
+    result = world.sh(busybox_rootfs(tmp_path), ["nvidia.com/gpu=2"],
+                      f"readlink {base}-card; readlink {base}-render; stat -L -c '%t:%T' {base}-render")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [f"../card{gpu.dri_card}", f"../renderD{gpu.dri_render}",
+                                     f"e2:{gpu.dri_render:x}"]
+
+
 def test_by_uuid(world: Podman, fake: FakeDriver, tmp_path: Path) -> None:
     found = run_nodes(world, busybox_rootfs(tmp_path), f"nvidia.com/gpu={fake.gpus[2].uuid}")
     assert found == nodes_of(fake, [*gpu_paths(fake, 2), *CONTROL])

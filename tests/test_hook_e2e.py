@@ -115,6 +115,19 @@ def test_one_gpu_by_index(e2e: Path, fake_driver: Any) -> None:
     assert log[0].split()[1].startswith("hook-")  # the container id
 
 
+def test_graphics_gets_dri_nodes_and_by_path_links(e2e: Path, fake_driver: Any) -> None:
+    gpu = fake_driver.gpus[0]
+    base = f"/dev/dri/by-path/pci-{gpu.pci_bus_id}"
+    config = write_config(e2e, Path(fake_driver.root))
+    rootfs = glibc_rootfs(e2e / "bundle", probe_cache=e2e.parent / "probe")
+    bundle = make_bundle(e2e / "bundle", rootfs, ["sh", "-c", f"readlink {base}-card; readlink {base}-render; ls /dev/dri"],
+                         env=["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES=graphics"], hooks=hooks(config))
+    result = runc_run(bundle, unique_id("hook"))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [f"../card{gpu.dri_card}", f"../renderD{gpu.dri_render}", "by-path",
+                                     f"card{gpu.dri_card}", f"renderD{gpu.dri_render}"]
+
+
 def test_all_gpus(e2e: Path, fake_driver: Any) -> None:
     result, _ = run(e2e, fake_driver, ["NVIDIA_VISIBLE_DEVICES=all"])
     assert result.returncode == 0, result.stderr
