@@ -120,7 +120,8 @@ def test_graphics_gets_dri_nodes_and_by_path_links(e2e: Path, fake_driver: Any) 
     base = f"/dev/dri/by-path/pci-{gpu.pci_bus_id}"
     config = write_config(e2e, Path(fake_driver.root))
     rootfs = glibc_rootfs(e2e / "bundle", probe_cache=e2e.parent / "probe")
-    bundle = make_bundle(e2e / "bundle", rootfs, ["sh", "-c", f"readlink {base}-card; readlink {base}-render; ls /dev/dri"],
+    script = f"readlink {base}-card; readlink {base}-render; ls /dev/dri"
+    bundle = make_bundle(e2e / "bundle", rootfs, ["sh", "-c", script],
                          env=["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES=graphics"], hooks=hooks(config))
     result = runc_run(bundle, unique_id("hook"))
     assert result.returncode == 0, result.stderr

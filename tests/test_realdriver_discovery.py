@@ -192,3 +192,17 @@ def test_graphics_capabilities(real_root: RealRoot) -> None:
     assert caps["nvidia_drv.so"] == caps[f"libglxserver_nvidia.so.{v}"] == "display"
     kinds = {f["path"].rsplit("/", 1)[1]: f["kind"] for f in data["files"]}
     assert kinds["nvidia_drv.so"] == "xorg"  # mounted, but its folder is no loader folder
+
+
+def test_cuda_version_from_the_real_libcuda_in_a_child(real_root: RealRoot, tmp_path: Path) -> None:
+    """cuDriverGetVersion of NVIDIA's libcuda, with no kernel driver and no NVML: 12020 (CUDA 12.2); the
+    autouse fixture checks that no /dev/nvidia* appeared on the host meanwhile."""
+    from gpuhook.discover.cudaversion import cuda_version, driver_version_int
+
+    libcuda = str(real_root.resolve(f"{real_root.lib_dir}/libcuda.so.{real_root.driver_version}"))
+    assert driver_version_int(libcuda) == 12020 and cuda_version(libcuda) == "12.2"
+    bogus = tmp_path / "libcuda.so.1"
+    bogus.write_text("not a library\n")
+    with pytest.raises(ValueError, match=r"cuDriverGetVersion from .* failed: ") as err:
+        driver_version_int(str(bogus))
+    assert "\n" not in str(err.value)
