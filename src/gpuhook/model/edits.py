@@ -19,8 +19,8 @@ _T = TypeVar("_T")
 
 FILE_OPTIONS: tuple[str, ...] = ("ro", "nosuid", "nodev", "rbind", "rprivate")
 CUDA_SONAME = "libcuda.so.1"
-MIG_CAP_NODES = 2
-DRI_BY_PATH = "/dev/dri/by-path"  # the GPU instance's and the compute instance's access capability
+MIG_CAP_NODES = 2  # the GPU instance's and the compute instance's access capability
+DRI_BY_PATH = "/dev/dri/by-path"
 SOCKET_OPTIONS: tuple[str, ...] = ("nosuid", "nodev", "noexec", "rbind", "rprivate")
 # Everything, including the driver-version libraries the catalogue cannot classify (what CDI mounts).
 ALL_CAPABILITIES = frozenset(catalogue.CAPABILITIES) | {catalogue.UNCLASSIFIED}
