@@ -152,6 +152,16 @@ def test_mig_device(e2e: Path, fake_driver_mig: Any) -> None:
     assert len([n for n in nodes(result.stdout) if n.startswith("nvidia") and n[6:].isdigit()]) == 1
 
 
+def test_mig_device_without_cap_nodes_fails_the_start(e2e: Path, fake_driver_factory: Any) -> None:
+    """No silently smaller container: a MIG device whose nvidia-caps nodes cannot be found is refused."""
+    fake = fake_driver_factory(gpus=2, mig={1: ["1g.10gb"]}, fresh=True)
+    mig = fake.mig_devices[0]
+    Path(fake.host_path(mig.gi_access)).unlink()
+    result, _ = run(e2e, fake, [f"NVIDIA_VISIBLE_DEVICES={mig.uuid}"])
+    assert result.returncode != 0
+    assert "error getting MIG capability device paths" in result.stderr, result.stderr
+
+
 def test_none_gets_driver_files_but_no_gpu(e2e: Path, fake_driver: Any) -> None:
     result, _ = run(e2e, fake_driver, ["NVIDIA_VISIBLE_DEVICES=none"])
     assert result.returncode == 0, result.stderr
