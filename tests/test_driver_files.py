@@ -85,7 +85,7 @@ def test_cuda_version_from_libcuda_without_nvml(fake_driver_factory: Any) -> Non
     for path in fake.host_path(LIB).glob("libcuda.so*"):
         path.unlink()
     data = json.loads(gpuhook("info", *roots_args(fake), "--json").stdout)
-    assert data["cuda_version"] == ""
+    assert data["cuda_version"] is None  # unknown
     inv = discover(roots(fake))
     with pytest.raises(RequirementError, match="cuda version is unknown"):
         check(inv, ("cuda>=11.0",), (inv.gpus[0],))
