@@ -228,16 +228,18 @@ def gated_edits(inv: Inventory, name: str) -> ContainerEdits:
 _ESSENTIAL = frozenset(catalogue.DEFAULT_CAPABILITIES)
 # display is graphics plus a node; its libraries are graphics'.
 _LIBRARY_CAPABILITIES = frozenset(catalogue.CAPABILITIES) - {"display", "compat32"}
+_REQUESTABLE = frozenset(catalogue.CAPABILITIES)
 
 
 def capability_gap(inv: Inventory, capabilities: frozenset[str]) -> str:
     """Why the driver cannot serve `capabilities` (a named capability without any of its libraries); ""."""
     caps = catalogue.expand_capabilities(capabilities)
-    wanted = _ESSENTIAL if caps >= ALL_CAPABILITIES else caps & _LIBRARY_CAPABILITIES
+    everything = caps >= _REQUESTABLE  # `all` (the hook's) or ALL_CAPABILITIES (CDI's, with unclassified)
+    wanted = _ESSENTIAL if everything else caps & _LIBRARY_CAPABILITIES
     have = {f.capability for f in inv.files if f.kind == "lib"}
     for cap in sorted(wanted - have):
         return f"no driver library for capability {cap!r} under driver root {inv.driver_root}"
-    if "compat32" in caps and caps < ALL_CAPABILITIES and not any(f.kind == "lib32" for f in inv.files):
+    if "compat32" in caps and not everything and not any(f.kind == "lib32" for f in inv.files):
         return f"no 32-bit driver library (capability 'compat32') under driver root {inv.driver_root}"
     return ""
 
