@@ -205,9 +205,20 @@ def test_hooks() -> None:
     assert args[4 : 4 + 2 * n : 2] == [f"{s.target}::{s.link}" for s in common.symlinks]
     assert "libcuda.so.550.54.15::/usr/lib/x86_64-linux-gnu/libcuda.so.1" in args
     assert "libcuda.so.1::/usr/lib/x86_64-linux-gnu/libcuda.so" in args
-    assert args[3 + 2 * n :] == ["--folder", "/usr/lib/x86_64-linux-gnu", "--folder", "/usr/lib/x86_64-linux-gnu/vdpau",
-                                 "--host-driver-version", "550.54.15"]  # for the image's CUDA compat libcuda
+    # every GPU's /dev/dri/by-path links, made only where the runtime gave the node: no hook per device
+    dri = device_edits(inv, inv.gpus[0], ALL_CAPABILITIES).symlinks
+    assert dri and args[3 + 2 * n : 3 + 2 * (n + len(dri))] == [
+        x for s in dri for x in ("--link-if-present", f"{s.target}::{s.link}")]
+    assert args[3 + 2 * (n + len(dri)) :] == ["--folder", "/usr/lib/x86_64-linux-gnu", "--folder",
+                                              "/usr/lib/x86_64-linux-gnu/vdpau", "--host-driver-version",
+                                              "550.54.15"]  # for the image's CUDA compat libcuda
     assert hook["env"] == list(HOOK_ENV)  # never inherit the runtime's environment
+
+
+def test_one_container_hook_per_start_whatever_the_devices() -> None:
+    spec = spec_for(synthetic_inventory(3, mig_per_gpu=1))
+    assert all("hooks" not in d["containerEdits"] for d in spec["devices"])
+    assert len(spec["containerEdits"]["hooks"]) == 1
 
 
 def test_no_proc_paths_are_rendered() -> None:

@@ -410,3 +410,19 @@ def test_config_is_immutable_and_compares_by_value() -> None:
         config.log_file = ""  # type: ignore[misc]
     with pytest.raises(TypeError):
         Config(bogus=1)
+
+
+def test_links_if_present_follow_the_nodes_the_container_got(tmp_path: Path) -> None:
+    """The CDI spec's one hook carries every GPU's by-path links; only those whose node is there are made."""
+    from gpuhook.inject.containerhooks import update_container
+
+    rootfs = tmp_path / "rootfs"
+    (rootfs / "dev" / "dri").mkdir(parents=True)
+    (rootfs / "dev" / "dri" / "card1").touch()
+    given = ("../card1", "/dev/dri/by-path/pci-0000:18:00.0-card")
+    absent = ("../card2", "/dev/dri/by-path/pci-0000:3b:00.0-card")
+    escape = ("../../../../etc", "/dev/dri/by-path/pci-0000:5e:00.0-card")  # resolves inside the rootfs: absent
+    update_container(str(rootfs), [], [], links_if_present=[given, absent, escape])
+    by_path = rootfs / "dev" / "dri" / "by-path"
+    assert sorted(p.name for p in by_path.iterdir()) == ["pci-0000:18:00.0-card"]
+    assert os.readlink(by_path / "pci-0000:18:00.0-card") == "../card1"

@@ -182,6 +182,43 @@ def test_doctor_finds_no_problem(e2e: Path, real_root: RealRoot) -> None:
     assert not [f for f in report["findings"] if f["status"] == "PROBLEM"]
 
 
+def test_device_plugin_registers_and_allocates(e2e: Path, real_root: RealRoot) -> None:
+    """The plugin on NVIDIA's real files: the real NVML cannot initialise (no kernel driver), so the GPUs come from
+    procfs; it registers with a kubelet (real gRPC), streams them healthy, and Allocate answers CDI names. Run
+    without CAP_MKNOD/CAP_SYS_MODULE, as every NVIDIA code here (its NVML would make /dev/nvidiactl as root)."""
+    from support.kubelet import TestKubelet, gpuhook_command, short_tempdir
+    from support.realdriver import without_device_powers
+
+    work = short_tempdir()
+    log = Path(work, "plugin.log")
+    try:
+        with TestKubelet(os.path.join(work, "dp")) as kubelet, open(log, "wb") as out:
+            proc = subprocess.Popen(
+                [*gpuhook_command(), "device-plugin", "--driver-root", str(real_root.root), "--proc-root",
+                 str(real_root.proc_root), "--kubelet-dir", kubelet.directory, "--cdi-spec-dir",
+                 os.path.join(work, "cdi"), "--hook-path", str(HOOK_BIN), "--sys-root", str(real_root.root / "sys"),
+                 "--health-interval", "0.05"],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                preexec_fn=without_device_powers)  # fmt: skip
+            try:
+                (reg,) = kubelet.wait_registrations(1, timeout=30)
+                assert reg.request.resource_name == "nvidia.com/gpu"
+                devices = kubelet.stream().first().devices
+                assert len(devices) == len(real_root.fake.gpus) and {d.health for d in devices} == {"Healthy"}
+                ids = [d.ID for d in devices]
+                answer = kubelet.client().allocate(ids[:1]).container_responses[0]
+                assert [c.name for c in answer.cdi_devices] == [f"nvidia.com/gpu={ids[0]}"]
+                spec = Path(work, "cdi").glob("*.yaml")
+                assert any("libcuda.so.535.309.01" in s.read_text() for s in spec)
+            finally:
+                proc.terminate()
+                proc.wait(20)
+    finally:
+        output = log.read_text() if log.exists() else ""
+        shutil.rmtree(work, ignore_errors=True)
+    assert proc.returncode in (0, -15), output
+
+
 # ---- CUDA forward compatibility (runfile layout) --------------------------------------------------------
 
 NEWER = ("550.54.15", 12040)

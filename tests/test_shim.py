@@ -85,12 +85,26 @@ def test_rewrite_matches_the_cdi_rendering() -> None:
     assert [(m["source"], m["destination"], m["options"]) for m in out["mounts"]] == \
         [(m["hostPath"], m["containerPath"], m["options"]) for m in common["mounts"]]
     assert all(m["type"] == "bind" for m in out["mounts"])
-    cdi_hooks = [{k: v for k, v in h.items() if k != "hookName"} for h in common["hooks"]]
-    # One process per start: the device's own links (its /dev/dri/by-path ones) lead the common hook's.
-    device_args = [a for h in device0.get("hooks", []) for a in h["args"][3:]]
-    assert device_args and all(a.startswith(("--link", "../")) for a in device_args)
-    cdi_hooks = [{**h, "args": h["args"][:3] + device_args + h["args"][3:]} for h in cdi_hooks]
-    assert out["hooks"] == {"createContainer": cdi_hooks}
+    # One process per start. The spec's hook carries every GPU's /dev/dri/by-path links as --link-if-present (the
+    # runtime picks the devices later); the shim knows the device, so its hook makes that device's links outright.
+    assert "hooks" not in device0
+    (cdi_hook,) = common["hooks"]
+    (shim_hook,) = out["hooks"]["createContainer"]
+    assert {k: v for k, v in shim_hook.items() if k != "args"} == {k: v for k, v in cdi_hook.items()
+                                                                   if k not in ("args", "hookName")}
+
+    def pairs(args: list[str], option: str) -> list[str]:
+        return [v for k, v in zip(args, args[1:], strict=False) if k == option]
+
+    def rest(args: list[str]) -> list[str]:
+        drop = {i for i, a in enumerate(args) if a in ("--link", "--link-if-present")}
+        return [a for i, a in enumerate(args) if i not in drop and i - 1 not in drop]
+
+    device_links = [f"{s.target}::{s.link}" for s in edits_for("0").symlinks if s.link.startswith("/dev/")]
+    assert device_links and set(device_links) <= set(pairs(cdi_hook["args"], "--link-if-present"))
+    assert sorted(pairs(shim_hook["args"], "--link")) == sorted(pairs(cdi_hook["args"], "--link") + device_links)
+    assert not pairs(shim_hook["args"], "--link-if-present")
+    assert rest(shim_hook["args"]) == rest(cdi_hook["args"])
     assert out["process"]["env"] == ["A=1"]  # no env of its own: the request stays visible to the user
 
 

@@ -14,7 +14,15 @@ from gpuhook.cdi import names, version
 from gpuhook.cdi.errors import CdiError
 from gpuhook.cdi.names import DEFAULT_NAME_STRATEGIES, NAME_STRATEGIES
 from gpuhook.model.contract import VISIBLE_DEVICES
-from gpuhook.model.edits import ALL_CAPABILITIES, ContainerEdits, Mount, common_edits, device_edits, merge_all
+from gpuhook.model.edits import (
+    ALL_CAPABILITIES,
+    ContainerEdits,
+    Mount,
+    Symlink,
+    common_edits,
+    device_edits,
+    merge_all,
+)
 from gpuhook.model.inventory import DeviceNode, Gpu, Inventory, MigDevice
 
 ALL_DEVICE = "all"
@@ -92,7 +100,7 @@ def render_hooks(edits: ContainerEdits, hook_path: str) -> list[dict[str, Any]]:
         return []
     args = [hook_path, "cdi-hook", "update-container"]
     for link in edits.symlinks:
-        args += ["--link", f"{link.target}::{link.link}"]
+        args += ["--link-if-present" if link.if_target_exists else "--link", f"{link.target}::{link.link}"]
     for folder in edits.ld_dirs:
         args += ["--folder", folder]
     if edits.ld_dirs and edits.cuda_compat_driver:
@@ -122,8 +130,9 @@ def render_edits(edits: ContainerEdits, hook_path: str, env: Sequence[str] = ())
 
 
 def _device_only(edits: ContainerEdits) -> ContainerEdits:
-    """The part of a device's edits a spec device carries (its nodes, its /dev/dri/by-path links)."""
-    return ContainerEdits(device_nodes=list(edits.device_nodes), symlinks=list(edits.symlinks))
+    """The part of a device's edits a spec device carries: its nodes. Its /dev/dri/by-path links go in the common
+    hook, made there only for the nodes the container got, so a start runs one hook process, not one per device."""
+    return ContainerEdits(device_nodes=list(edits.device_nodes))
 
 
 def build_spec(
@@ -153,11 +162,14 @@ def build_spec(
     spec_devices: list[dict[str, Any]] = []
     owner: dict[str, str] = {}
     per_device: list[ContainerEdits] = []
+    present_links: list[Symlink] = []
     for device in chosen:
         gap = inv.device_gap(device)
         if gap:
             raise CdiError(f"{_describe(device)}: {gap} (are the driver's /dev/nvidia* nodes created?)")
-        edits = _device_only(device_edits(inv, device, ALL_CAPABILITIES))
+        full = device_edits(inv, device, ALL_CAPABILITIES)
+        present_links += [Symlink(s.target, s.link, if_target_exists=True) for s in full.symlinks]
+        edits = _device_only(full)
         per_device.append(edits)
         for name in device_names(inv, device, name_strategies):
             problem = names.device_name_problem(name)
@@ -169,12 +181,14 @@ def build_spec(
             # rendered afresh for each name: a shared object would come out as a YAML alias
             spec_devices.append({"name": name, "containerEdits": render_edits(edits, hook_path)})
     spec_devices.append({"name": ALL_DEVICE, "containerEdits": render_edits(merge_all(per_device), hook_path)})
+    common = common_edits(inv, ALL_CAPABILITIES)
+    common.symlinks += list({s.link: s for s in present_links}.values())
 
     spec: dict[str, Any] = {
         "cdiVersion": version.EARLIEST,
         "kind": kind,
         "devices": spec_devices,
-        "containerEdits": render_edits(common_edits(inv, ALL_CAPABILITIES), hook_path, env=COMMON_ENV),
+        "containerEdits": render_edits(common, hook_path, env=COMMON_ENV),
     }
     spec["cdiVersion"] = choose_version(spec, cdi_version)
     return spec

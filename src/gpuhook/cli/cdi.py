@@ -167,6 +167,9 @@ def _check_folders(_ctx: click.Context, _param: click.Parameter, values: tuple[s
 
 _LINK_OPTION = click.option("--link", "links", multiple=True, callback=_parse_link, metavar="TARGET::LINK",
                             help="Create LINK (absolute, in the container) pointing at TARGET; repeatable.")
+_PRESENT_LINK_OPTION = click.option(
+    "--link-if-present", "present", multiple=True, callback=_parse_link, metavar="TARGET::LINK",
+    help="Create LINK only if TARGET (resolved beside it in the container) exists; repeatable.")
 _FOLDER_OPTION = click.option("--folder", "folders", multiple=True, callback=_check_folders, metavar="DIR",
                               help="Container folder holding injected libraries; repeatable.")
 _LDCONFIG_OPTION = click.option("--ldconfig-path", default="/sbin/ldconfig", show_default=True,
@@ -186,28 +189,32 @@ _DRIVER_VERSION_OPTION = click.option(
     help="The host driver's version: an image's CUDA compat libcuda of a newer major goes first in its ld cache.")
 
 
-def _run(links: list[tuple[str, str]], folders: list[str], ldconfig_path: str, host_driver_version: str = "") -> None:
+def _run(links: list[tuple[str, str]], folders: list[str], ldconfig_path: str, host_driver_version: str = "",
+         present: list[tuple[str, str]] | None = None) -> None:
     from gpuhook.inject.containerhooks import container_rootfs, update_container
 
-    update_container(container_rootfs(sys.stdin.buffer.read()), links, folders, ldconfig_path, host_driver_version)
+    update_container(container_rootfs(sys.stdin.buffer.read()), links, folders, ldconfig_path, host_driver_version,
+                     present or [])
 
 
 @cdi_hook.command("update-container")
 @_LINK_OPTION
+@_PRESENT_LINK_OPTION
 @_FOLDER_OPTION
 @_LDCONFIG_OPTION
 @_DRIVER_VERSION_OPTION
-def update_container_cmd(links: list[tuple[str, str]], folders: list[str], ldconfig_path: str,
-                         host_driver_version: str) -> None:
+def update_container_cmd(links: list[tuple[str, str]], present: list[tuple[str, str]], folders: list[str],
+                         ldconfig_path: str, host_driver_version: str) -> None:
     """Links, then the ld cache, in one start (what gpuhook's specs call)."""
-    _run(links, folders, ldconfig_path, host_driver_version)
+    _run(links, folders, ldconfig_path, host_driver_version, present)
 
 
 @cdi_hook.command("create-symlinks")
 @_LINK_OPTION
-def create_symlinks(links: list[tuple[str, str]]) -> None:
+@_PRESENT_LINK_OPTION
+def create_symlinks(links: list[tuple[str, str]], present: list[tuple[str, str]]) -> None:
     """Create symlinks in the container rootfs (an existing file or directory at LINK is left alone)."""
-    _run(links, [], "/sbin/ldconfig")
+    _run(links, [], "/sbin/ldconfig", "", present)
 
 
 @cdi_hook.command("update-ldcache")

@@ -60,27 +60,32 @@ def _options(args: Sequence[str], names: tuple[str, ...]) -> list[tuple[str, str
     return out
 
 
-def _hook_args(command: str, args: Sequence[str]) -> tuple[list[tuple[str, str]], list[str], str, str] | None:
-    """(links, folders, ldconfig, host driver version) for the cdi-hook sub-commands, None for anything click
-    should answer (including every malformed value: click says what is wrong)."""
+_HookArgs = tuple[list[tuple[str, str]], list[str], str, str, list[tuple[str, str]]]
+
+
+def _hook_args(command: str, args: Sequence[str]) -> _HookArgs | None:
+    """(links, folders, ldconfig, host driver version, links if present) for the cdi-hook sub-commands, None for
+    anything click should answer (including every malformed value: click says what is wrong)."""
     from gpuhook.inject.containerhooks import DEFAULT_LDCONFIG, parse_link, valid_driver_version
 
-    allowed = {"create-symlinks": ("--link",),
+    allowed = {"create-symlinks": ("--link", "--link-if-present"),
                "update-ldcache": ("--folder", "--ldconfig-path", "--host-driver-version"),
-               "update-container": ("--link", "--folder", "--ldconfig-path", "--host-driver-version")}.get(command)
+               "update-container": ("--link", "--link-if-present", "--folder", "--ldconfig-path",
+                                    "--host-driver-version")}.get(command)
     pairs = _options(args, allowed) if allowed else None
     if pairs is None:
         return None
     links = [parse_link(v) for n, v in pairs if n == "--link"]
+    present = [parse_link(v) for n, v in pairs if n == "--link-if-present"]
     folders = [v for n, v in pairs if n == "--folder"]
     ldconfig = [v for n, v in pairs if n == "--ldconfig-path"]
     versions = [v for n, v in pairs if n == "--host-driver-version"]
-    if None in links or len(ldconfig) > 1 or not all(f.startswith("/") for f in folders):
+    if None in links or None in present or len(ldconfig) > 1 or not all(f.startswith("/") for f in folders):
         return None
     if len(versions) > 1 or not all(valid_driver_version(v) for v in versions):
         return None
     return (links, folders, (ldconfig[0] if ldconfig else DEFAULT_LDCONFIG),  # type: ignore[return-value]
-            versions[0] if versions else "")
+            versions[0] if versions else "", present)
 
 
 def cdi_hook(args: Sequence[str]) -> int:

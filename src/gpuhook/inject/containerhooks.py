@@ -7,6 +7,7 @@ the click CLI (`gpuhook cdi-hook …`) or the lean entry script (hook_entry.py);
 from __future__ import annotations
 
 import os
+import posixpath
 import re
 from collections.abc import Iterable
 
@@ -36,9 +37,12 @@ def container_rootfs(state_text: bytes) -> str:
 
 
 def update_container(rootfs_path: str, links: Iterable[tuple[str, str]], folders: list[str],
-                     ldconfig_path: str = DEFAULT_LDCONFIG, host_driver_version: str = "") -> None:
+                     ldconfig_path: str = DEFAULT_LDCONFIG, host_driver_version: str = "",
+                     links_if_present: Iterable[tuple[str, str]] = ()) -> None:
     """Create the links (an existing file or directory at a link is left alone), then, if `folders`, register
     them and rebuild the ld cache with the host's ldconfig. One rootfs descriptor for both steps.
+    `links_if_present` are made only when their target, resolved beside the link inside the rootfs, exists (a
+    device's /dev/dri/by-path link when the runtime gave that device's node).
     With `host_driver_version`, an image's newer CUDA compat libcuda goes first (inject/cudacompat.py)."""
     from gpuhook.inject.rootfs import RootFS
 
@@ -51,6 +55,10 @@ def update_container(rootfs_path: str, links: Iterable[tuple[str, str]], folders
         with RootFS(rootfs_path) as rootfs:
             for target, link in links:
                 rootfs.symlink(target, link)
+            for target, link in links_if_present:
+                # lexically: the link's folder need not exist yet ('..' at the rootfs's top stays there)
+                if rootfs.exists(posixpath.normpath(posixpath.join(posixpath.dirname(link), target))):
+                    rootfs.symlink(target, link)
             if folders:
                 from gpuhook.inject.cudacompat import update_ldcache
 

@@ -44,6 +44,9 @@ class Symlink:
 
     target: str
     link: str
+    # Made only when `target` (resolved beside the link) exists in the container: the CDI spec's one container
+    # hook carries every GPU's /dev/dri/by-path links and makes those of the nodes the runtime gave.
+    if_target_exists: bool = False
 
 
 @dataclass
