@@ -8,6 +8,7 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -317,3 +318,27 @@ def test_hook_path_imports_stay_light() -> None:
             "print(sorted(m for m in ('yaml', 'jsonschema', 'referencing', 'gpuhook.discover') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_generate_cdi_serves_a_fresh_inventory_cache(fake_driver_factory: Any, tmp_path: Path) -> None:
+    """--inventory-cache: the first run discovers and keeps the inventory; while the driver's fingerprint holds,
+    later runs are served from it (no NVML, no scan); '' turns the cache off."""
+    fake = fake_driver_factory(gpus=2, fresh=True)
+    cache = tmp_path / "inventory.json"
+    first = generate(fake, "--inventory-cache", str(cache))
+    assert first.returncode == 0, first.stderr
+    data = json.loads(cache.read_text())
+    marked = "GPU-cac4ed00-1111-2222-3333-444444444444"
+    original = data["gpus"][1]["uuid"]
+    data["gpus"][1]["uuid"] = marked
+    cache.write_text(json.dumps(data))
+    fake.set_fail_init(True)  # a rediscovery would have to fall back to procfs
+    try:
+        cached = generate(fake, "--inventory-cache", str(cache))
+        assert cached.returncode == 0, cached.stderr
+        assert f"name: {marked}" in cached.stdout and original not in cached.stdout
+        off = generate(fake, "--inventory-cache", "")
+        assert off.returncode == 0, off.stderr
+        assert marked not in off.stdout and f"name: {original}" in off.stdout
+    finally:
+        fake.set_fail_init(False)

@@ -15,6 +15,7 @@ import click
 from gpuhook.errors import GpuhookError
 
 if TYPE_CHECKING:
+    from gpuhook.discover.roots import Roots
     from gpuhook.model.inventory import Inventory
 
 
@@ -33,11 +34,40 @@ def root_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return func
 
 
+CACHE_OPTION = click.option(
+    "--inventory-cache", "inventory_cache", default=None, metavar="FILE",
+    help="Reuse a discovered inventory kept here while the driver's fingerprint (version, nodes, MIG layout, "
+         "roots) holds, and refresh it when not [default: the hook's cache (config.toml inventory-cache) when "
+         "the roots are the configured ones; '' for none].")
+
+
 def load_inventory(driver_root: str, dev_root: str | None, proc_root: str | None,
-                   discovery: str = "auto") -> Inventory:
+                   discovery: str = "auto", inventory_cache: str | None = "") -> Inventory:
+    """Discover, or with a cache (only for --discovery auto, what the cache holds) load it while it is true."""
     from gpuhook.discover import Roots, discover
 
-    return discover(Roots.make(driver_root, dev_root, proc_root), method=discovery)
+    roots = Roots.make(driver_root, dev_root, proc_root)
+    path = _cache_path(inventory_cache, roots) if discovery == "auto" else ""
+    if path:
+        from gpuhook.discover.cache import inventory
+
+        return inventory(roots, path)
+    return discover(roots, method=discovery)
+
+
+def _cache_path(option: str | None, roots: Roots) -> str:
+    """The cache a command uses: the one given, else the hook's own when it describes these very roots."""
+    if option is not None:
+        return option
+    from gpuhook.discover import Roots
+    from gpuhook.hook.config import load_config
+
+    try:
+        config = load_config(None)
+    except GpuhookError:
+        return ""
+    configured = Roots.make(config.driver_root, config.dev_root or None, config.proc_root)
+    return config.inventory_cache if configured == roots else ""
 
 
 class LazyGroup(click.Group):

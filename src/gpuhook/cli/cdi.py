@@ -14,7 +14,7 @@ import click
 from gpuhook.cdi.errors import CdiError
 from gpuhook.cdi.kinds import MODES as KIND_MODES
 from gpuhook.cdi.names import DEFAULT_NAME_STRATEGIES, NAME_STRATEGIES
-from gpuhook.cli.app import load_inventory, root_options
+from gpuhook.cli.app import CACHE_OPTION, load_inventory, root_options
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -54,10 +54,11 @@ def default_hook_path() -> str:
                    "changes; SIGTERM/SIGINT stop, SIGHUP regenerates now.")
 @click.option("--poll-interval", type=click.FloatRange(min=0.05), default=10.0, show_default=True, metavar="S",
               help="With --watch: also check every S seconds (procfs changes send no inotify events).")
+@CACHE_OPTION
 def generate_cdi(driver_root: str, dev_root: str | None, proc_root: str | None, discovery: str,
                  output: str | None, fmt: str | None, mode: str, vendor: str, cls: str | None,
-                 strategies: tuple[str, ...],
-                 hook_path: str | None, cdi_version: str | None, watch: bool, poll_interval: float) -> None:
+                 strategies: tuple[str, ...], hook_path: str | None, cdi_version: str | None, watch: bool,
+                 poll_interval: float, inventory_cache: str | None) -> None:
     """Write a CDI spec for every GPU and MIG device the driver offers (plus `all`), or with --mode for the IMEX
     channels or a gated device family."""
     from gpuhook.cdi import codec
@@ -87,7 +88,7 @@ def generate_cdi(driver_root: str, dev_root: str | None, proc_root: str | None, 
 
         roots = Roots.make(driver_root, dev_root, proc_root)
         raise SystemExit(watch_spec(roots, output, render, method=discovery, poll_interval=poll_interval))
-    text = render(load_inventory(driver_root, dev_root, proc_root, discovery))
+    text = render(load_inventory(driver_root, dev_root, proc_root, discovery, inventory_cache))
     if output is None:
         click.echo(text, nl=False)
         return

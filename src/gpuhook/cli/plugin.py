@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from gpuhook.cli.app import load_inventory, root_options
+from gpuhook.cli.app import CACHE_OPTION, load_inventory, root_options
 from gpuhook.errors import ConfigError, GpuhookError
 from gpuhook.plugin.devices import ID_STRATEGIES, LIST_STRATEGIES, MIG_STRATEGIES, Options, parse_list_strategies
 from gpuhook.plugin.health import DEFAULT_IGNORED_XIDS, HealthConfig, parse_xids
@@ -56,11 +56,12 @@ def default_hook_path() -> str:
                    "/etc/kubernetes/node-feature-discovery/features.d/gpuhook [default: none].")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True)
+@CACHE_OPTION
 def device_plugin(driver_root: str, dev_root: str | None, proc_root: str | None, discovery: str, kubelet_dir: str,
                   resource_name: str, device_list_strategy: str, device_id_strategy: str, mig_strategy: str,
                   replicas: int, cdi_spec_dir: str, host_driver_root: str | None, hook_path: str | None,
                   health_checks: str, ignored_xids: str, recovery_window: float, health_interval: float,
-                  sys_root: str, feature_file: str | None, log_level: str) -> None:
+                  sys_root: str, feature_file: str | None, log_level: str, inventory_cache: str | None) -> None:
     """Kubelet device plugin: advertise GPUs with health, answer Allocate with CDI device names."""
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -83,6 +84,7 @@ def device_plugin(driver_root: str, dev_root: str | None, proc_root: str | None,
         feature_file=os.path.abspath(feature_file) if feature_file else None,
     )
     try:
-        serve_forever(config, lambda: load_inventory(driver_root, dev_root, proc_root, discovery))
+        serve_forever(config, lambda: load_inventory(driver_root, dev_root, proc_root, discovery,
+                                                            inventory_cache))
     except OSError as exc:
         raise GpuhookError(f"device plugin: {exc}") from None

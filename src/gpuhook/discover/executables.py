@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 
 
@@ -12,5 +11,7 @@ def gpuhook_executable() -> str | None:
     beside = os.path.join(os.path.dirname(sys.executable), "gpuhook")
     if os.path.isfile(beside) and os.access(beside, os.X_OK):
         return os.path.abspath(beside)
+    import shutil  # only off the common path: it loads the compression modules (~8 ms)
+
     found = shutil.which("gpuhook")
     return os.path.abspath(found) if found else None
