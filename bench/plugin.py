@@ -163,14 +163,19 @@ def start_to_registered(argv: list[str], kdir: Path, rounds: int, work: Path) ->
         try:
             delays.append((kubelet.wait(1, timeout=30) - started) * 1000)
         finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+            stop(proc)
             kubelet.stop()
     return delays
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL after 10 s."""
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
 
 
 def reregistration_delays(kubelet: Kubelet, rounds: int) -> list[float]:
@@ -268,12 +273,7 @@ def bench(args: argparse.Namespace) -> None:
         finally:
             if channel is not None:
                 channel.close()
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+            stop(proc)
             server.stop()
         if proc.returncode not in (0, -15):
             raise BenchError(f"the device plugin exited {proc.returncode} on SIGTERM: {log.read_text()[-800:]}")

@@ -28,7 +28,7 @@ import pytest
 from support import hostile
 from support.e2e import need_root, need_tool
 from support.glibc import MULTIARCH, glibc_rootfs
-from support.podman import Podman, need_podman
+from support.podman import Podman
 from support.runc import make_bundle, need_busybox, run_in_child, runc_delete, runc_run, unique_id
 
 from gpuhook import _native
@@ -232,12 +232,7 @@ def test_prestart_hook_runc(fake: FakeDriver, tmp_path: Path, kind: str) -> None
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory, fake: FakeDriver) -> Iterator[Podman]:
     """A private podman whose /etc/cdi holds the spec `gpuhook generate-cdi` writes for `fake`."""
-    podman = need_podman()
-    need_busybox()
-    world = Podman.create(tmp_path_factory.mktemp("podman"), podman)
-    subprocess.run([hostile.gpuhook_binary(), "generate-cdi", "--driver-root", str(fake.root), "--proc-root",
-                    str(fake.root / "proc"), "--hook-path", hostile.gpuhook_binary(), "--output",
-                    str(world.spec_dir / "nvidia.yaml")], check=True, capture_output=True, text=True)
+    world = hostile.podman_with_spec(tmp_path_factory.mktemp("podman"), fake)
     yield world
     world.close()
 

@@ -35,8 +35,8 @@ import pytest
 from support import hostile
 from support.e2e import need_root, need_tool
 from support.glibc import MULTIARCH, glibc_rootfs
-from support.podman import Podman, need_podman
-from support.runc import make_bundle, need_busybox, runc_run, unique_id
+from support.podman import Podman
+from support.runc import make_bundle, runc_run, unique_id
 
 from gpuhook.discover import Roots, discover
 from gpuhook.errors import InjectionError
@@ -566,12 +566,7 @@ def test_huge_request_is_refused_in_one_bounded_line(e2e: None, fake: FakeDriver
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory, fake: FakeDriver) -> Iterator[Podman]:
     """A private podman whose /etc/cdi holds the spec `gpuhook generate-cdi` writes for `fake`."""
-    podman = need_podman()
-    need_busybox()
-    world = Podman.create(tmp_path_factory.mktemp("podman"), podman)
-    subprocess.run([hostile.gpuhook_binary(), "generate-cdi", "--driver-root", str(fake.root), "--proc-root",
-                    str(fake.root / "proc"), "--hook-path", hostile.gpuhook_binary(), "--output",
-                    str(world.spec_dir / "nvidia.yaml")], check=True, capture_output=True, text=True)
+    world = hostile.podman_with_spec(tmp_path_factory.mktemp("podman"), fake)
     yield world
     world.close()
 

@@ -10,15 +10,12 @@ A hostile image is a rootfs the test corrupts on purpose. What must never happen
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import hashlib
 import json
 import os
 import shutil
 import signal
 import stat
-import struct
 import subprocess
 import sys
 from collections.abc import Iterable, Mapping
@@ -26,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from inotify_simple import INotify, flags
 
 from .e2e import need_root, need_tool
 from .runc import need_busybox
@@ -267,38 +265,43 @@ def kill_leftovers(needle: str) -> list[str]:
 
 # --- inotify (to see an open of a device node or FIFO without owning its driver) ----------------------------
 
-IN_ACCESS, IN_MODIFY, IN_OPEN = 0x1, 0x2, 0x20
-_IN_NONBLOCK = os.O_NONBLOCK
+IN_ACCESS, IN_MODIFY, IN_OPEN = int(flags.ACCESS), int(flags.MODIFY), int(flags.OPEN)
 
 
 class Inotify:
-    """Minimal inotify over libc: watch paths, then collect (path, mask) events without blocking."""
+    """inotify_simple, as the tests use it: watch paths (never through a final symlink), then collect
+    (path, mask) events without blocking."""
 
     def __init__(self) -> None:
-        self._libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-        self.fd = self._libc.inotify_init1(_IN_NONBLOCK | os.O_CLOEXEC)
-        if self.fd < 0:
-            raise OSError(ctypes.get_errno(), "inotify_init1")
+        self._inotify = INotify(nonblocking=True)
+        self.fd = self._inotify.fileno()
         self.watches: dict[int, str] = {}
 
     def watch(self, path: str | os.PathLike[str], mask: int = IN_OPEN | IN_MODIFY | IN_ACCESS) -> None:
-        wd = self._libc.inotify_add_watch(self.fd, os.fsencode(path), mask | 0x2000000)  # IN_DONT_FOLLOW
-        if wd < 0:
-            raise OSError(ctypes.get_errno(), "inotify_add_watch", os.fspath(path))
+        wd = self._inotify.add_watch(os.fsencode(path), mask | flags.DONT_FOLLOW)
         self.watches[wd] = os.fspath(path)
 
     def events(self) -> list[tuple[str, int]]:
         out: list[tuple[str, int]] = []
         while True:
-            try:
-                data = os.read(self.fd, 65536)
-            except BlockingIOError:
+            batch = self._inotify.read(timeout=0)
+            if not batch:
                 return out
-            pos = 0
-            while pos + 16 <= len(data):
-                wd, mask, _cookie, length = struct.unpack_from("iIII", data, pos)
-                out.append((self.watches.get(wd, "?"), mask))
-                pos += 16 + length
+            out += [(self.watches.get(e.wd, "?"), e.mask) for e in batch]
 
     def close(self) -> None:
-        os.close(self.fd)
+        self._inotify.close()
+
+
+def podman_with_spec(directory: Path, fake: Any) -> Any:
+    """A private podman world whose /etc/cdi holds the spec `gpuhook generate-cdi` writes for `fake`, its hooks
+    through the installed `gpuhook` (what the hostile-image runs start containers with)."""
+    from .podman import Podman, need_podman
+
+    podman = need_podman()
+    need_busybox()
+    world = Podman.create(directory, podman)
+    subprocess.run([gpuhook_binary(), "generate-cdi", "--driver-root", str(fake.root), "--proc-root",
+                    str(fake.root / "proc"), "--hook-path", gpuhook_binary(), "--output",
+                    str(world.spec_dir / "nvidia.yaml")], check=True, capture_output=True, text=True)
+    return world

@@ -544,29 +544,12 @@ class RealRoot:
         return out
 
 
-def resolve_in_root(root: Path, canonical: str, max_links: int = 40) -> str:
-    """`canonical` with each symlink followed as the root would see it; `..` never climbs above the root."""
-    parts = [p for p in canonical.split("/") if p and p != "."]
-    done: list[str] = []
-    links = 0
-    while parts:
-        part = parts.pop(0)
-        if part == "..":
-            if done:
-                done.pop()
-            continue
-        host = root.joinpath(*done, part)
-        if host.is_symlink():
-            links += 1
-            if links > max_links:
-                raise OSError(f"too many links resolving {canonical} in {root}")
-            target = os.readlink(host)
-            if target.startswith("/"):
-                done = []
-            parts = [p for p in target.split("/") if p and p != "."] + parts
-            continue
-        done.append(part)
-    return "/" + "/".join(done)
+def resolve_in_root(root: Path, canonical: str) -> str:
+    """`canonical` with each symlink followed as the root would see it (gpuhook's own resolver, the one discovery
+    uses); `..` never climbs above the root."""
+    from gpuhook.discover.roots import resolve_in_root as resolve
+
+    return resolve(str(root), canonical)
 
 
 def real_driver_root(
