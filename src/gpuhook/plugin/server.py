@@ -85,15 +85,18 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
                                context: grpc.ServicerContext) -> pb.PreferredAllocationResponse:
         start = time.monotonic()
         out = pb.PreferredAllocationResponse()
+        logged = log.isEnabledFor(logging.INFO)  # the line is built only when it is written: this is a hot path
         parts = []
         for creq in request.container_requests:
             chosen = self.chooser.choose(list(creq.available_deviceIDs), list(creq.must_include_deviceIDs),
                                          int(creq.allocation_size))
             out.container_responses.add(deviceIDs=chosen)
-            available, must = ",".join(creq.available_deviceIDs), ",".join(creq.must_include_deviceIDs)
-            parts.append(f"available [{available}] must [{must}] size {creq.allocation_size} -> "
-                         f"[{','.join(chosen)}] ({','.join(self._cdi_names(chosen))})")
-        log.info("GetPreferredAllocation %s: %s in %.1f ms", self.resource.name, "; ".join(parts), _ms(start))
+            if logged:
+                available, must = ",".join(creq.available_deviceIDs), ",".join(creq.must_include_deviceIDs)
+                parts.append(f"available [{available}] must [{must}] size {creq.allocation_size} -> "
+                             f"[{','.join(chosen)}] ({','.join(self._cdi_names(chosen))})")
+        if logged:
+            log.info("GetPreferredAllocation %s: %s in %.1f ms", self.resource.name, "; ".join(parts), _ms(start))
         return out
 
     def Allocate(self, request: pb.AllocateRequest, context: grpc.ServicerContext) -> pb.AllocateResponse:
@@ -105,8 +108,9 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
             log.warning("Allocate %s: ids %s refused in %.1f ms: %s", self.resource.name, ids, _ms(start), exc)
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{self.resource.name}: {exc}")
             raise  # unreachable: abort raises
-        names = "; ".join(f"[{','.join(d.cdi_name for d in devices)}]" for devices in chosen)
-        log.info("Allocate %s: ids %s -> %s in %.1f ms", self.resource.name, ids, names, _ms(start))
+        if log.isEnabledFor(logging.INFO):
+            names = "; ".join(f"[{','.join(d.cdi_name for d in devices)}]" for devices in chosen)
+            log.info("Allocate %s: ids %s -> %s in %.1f ms", self.resource.name, ids, names, _ms(start))
         return response
 
     def _cdi_names(self, ids: Sequence[str]) -> list[str]:
