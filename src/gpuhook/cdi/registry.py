@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpuhook.cdi import codec
 from gpuhook.cdi.errors import CdiError
@@ -71,7 +72,7 @@ def scan(dirs: Sequence[str] = DEFAULT_SPEC_DIRS) -> Registry:
     return reg
 
 
-def _add(reg: Registry, spec: dict, path: str, priority: int) -> None:  # type: ignore[type-arg]
+def _add(reg: Registry, spec: dict[str, Any], path: str, priority: int) -> None:
     kind = spec["kind"]
     for device in spec["devices"]:
         name = f"{kind}={device['name']}"

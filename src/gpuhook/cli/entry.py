@@ -75,17 +75,18 @@ def _hook_args(command: str, args: Sequence[str]) -> _HookArgs | None:
     pairs = _options(args, allowed) if allowed else None
     if pairs is None:
         return None
-    links = [parse_link(v) for n, v in pairs if n == "--link"]
-    present = [parse_link(v) for n, v in pairs if n == "--link-if-present"]
+    parsed = {n: [link for v in (v for k, v in pairs if k == n) if (link := parse_link(v)) is not None]
+              for n in ("--link", "--link-if-present")}
+    links, present = parsed["--link"], parsed["--link-if-present"]
     folders = [v for n, v in pairs if n == "--folder"]
     ldconfig = [v for n, v in pairs if n == "--ldconfig-path"]
     versions = [v for n, v in pairs if n == "--host-driver-version"]
-    if None in links or None in present or len(ldconfig) > 1 or not all(f.startswith("/") for f in folders):
+    malformed = len(links) + len(present) < sum(1 for n, _ in pairs if n in parsed)
+    if malformed or len(ldconfig) > 1 or not all(f.startswith("/") for f in folders):
         return None
     if len(versions) > 1 or not all(valid_driver_version(v) for v in versions):
         return None
-    return (links, folders, (ldconfig[0] if ldconfig else DEFAULT_LDCONFIG),  # type: ignore[return-value]
-            versions[0] if versions else "", present)
+    return links, folders, (ldconfig[0] if ldconfig else DEFAULT_LDCONFIG), versions[0] if versions else "", present
 
 
 def cdi_hook(args: Sequence[str]) -> int:
