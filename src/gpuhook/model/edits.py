@@ -9,13 +9,16 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 from gpuhook.errors import RequestError
 from gpuhook.model import catalogue
 from gpuhook.model.inventory import DeviceNode, DriverFile, Gpu, Inventory, MigDevice
 
-_T = TypeVar("_T")
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the hook's path)
+if TYPE_CHECKING:
+    from typing import TypeVar
+
+    _T = TypeVar("_T")
 
 FILE_OPTIONS: tuple[str, ...] = ("ro", "nosuid", "nodev", "rbind", "rprivate")
 CUDA_SONAME = "libcuda.so.1"

@@ -7,7 +7,10 @@ Everything here is JSON-round-trippable: the hook's inventory cache and `gpuhook
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the hook's path)
+if TYPE_CHECKING:
+    from typing import Any
 
 # 2: GPU-to-GPU topology (NVLinks, PCI common ancestors, P2P); 3: IMEX channels, gated devices;
 # 4: driver files from the files (unclassified libraries, ELF sonames, links)
