@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 
 def default_hook_path() -> str:
-    """The installed `gpuhook` the spec's hooks call (see installed.py); absolute."""
+    """The installed `gpuhook` the spec's hooks call (see discover/executables.py); absolute."""
     from gpuhook.discover.executables import gpuhook_executable
 
     found = gpuhook_executable()

@@ -90,7 +90,7 @@ def _hook_args(command: str, args: Sequence[str]) -> _HookArgs | None:
 
 
 def cdi_hook(args: Sequence[str]) -> int:
-    """`gpuhook cdi-hook ARGS` with the exit status and messages of the click command (cdi/cli.py)."""
+    """`gpuhook cdi-hook ARGS` with the exit status and messages of the click command (cli/cdi.py)."""
     command, rest = (args[0], args[1:]) if args else ("", [])
     parsed = _hook_args(command, rest)
     if parsed is None:
@@ -129,7 +129,7 @@ def search_paths() -> list[str]:
 
 
 def entry_script(python: str, paths: Sequence[str]) -> str:
-    """The text of the entry script: `python -IS`, `paths` appended to sys.path, hook_entry.main."""
+    """The text of the entry script: `python -IS`, `paths` appended to sys.path, cli.entry.main."""
     from gpuhook.errors import GpuhookError
 
     shebang = f"#!{python} -IS"

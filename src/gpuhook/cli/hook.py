@@ -1,6 +1,6 @@
 """`gpuhook hook [--config FILE] [prestart|createRuntime]`: the prestart hook reached through the main CLI, and
 `gpuhook hook install`, which writes the lean entry script runtimes should call (click lives here, not in
-hook.py or hook_entry.py, whose import paths must stay lean)."""
+hook/prestart.py or cli/entry.py, whose import paths must stay lean)."""
 
 from __future__ import annotations
 

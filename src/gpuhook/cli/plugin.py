@@ -16,7 +16,7 @@ from gpuhook.plugin.lifecycle import DEFAULT_KUBELET_DIR, PluginConfig, serve_fo
 
 
 def default_hook_path() -> str:
-    """The gpuhook the CDI spec's hooks call: the installed one (installed.py), else the usual place."""
+    """The gpuhook the CDI spec's hooks call: the installed one (discover/executables.py), else the usual place."""
     from gpuhook.discover.executables import gpuhook_executable
 
     return gpuhook_executable() or "/usr/local/bin/gpuhook"

@@ -44,7 +44,7 @@ def plan_request(config: Config, request: Request) -> Planned:
 
     inv = inventory(Roots.make(config.driver_root, config.dev_root or None, config.proc_root), config.inventory_cache)
     selection = resolve(inv, request)
-    if request.requirements:  # require.py (its parsers) is only loaded for a container that has constraints
+    if request.requirements:  # model/requirements.py (its parsers) is only loaded for a container that has constraints
         from gpuhook.model import requirements as require
 
         require.check(inv, request.requirements, selection.devices)

@@ -1,7 +1,7 @@
 """What a CDI spec's createContainer hook does inside a starting container: links and the ld cache.
 
 Click-free and import-light: the runtime runs this at every start of a container that uses the spec, through
-the click CLI (`gpuhook cdi-hook …`) or the lean entry script (hook_entry.py); both parse into these functions.
+the click CLI (`gpuhook cdi-hook …`) or the lean entry script (cli/entry.py); both parse into these functions.
 """
 
 from __future__ import annotations

@@ -159,7 +159,7 @@ def apply_edits(config: dict[str, Any], edits: Any, hook_path: str) -> dict[str,
 
 
 def gpuhook_executable() -> str:
-    """The installed `gpuhook` the createContainer hooks run (installed.py)."""
+    """The installed `gpuhook` the createContainer hooks run (discover/executables.py)."""
     from gpuhook.discover.executables import gpuhook_executable as installed
 
     found = installed()
