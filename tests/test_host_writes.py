@@ -1,8 +1,8 @@
 """Files the user names are written without harming what is at the path (issue 12, host safety item 1).
 
-`generate-cdi --output /dev/null` once turned the host's /dev/null into a 0644 file holding a spec. Every special
-file here is made in a temporary directory (a char device 1:3 like /dev/null, a FIFO, a unix socket, a
-directory): the host's /dev is never written.
+`generate-cdi` with its output set to the host's null device once turned /dev/null into a 0644 file holding a
+spec. Every special file here is made in a temporary directory (a char device 1:3 like /dev/null, a FIFO, a unix
+socket, a directory): the host's /dev is never written.
 """
 
 from __future__ import annotations
@@ -158,9 +158,9 @@ def test_generate_cdi_output_to_a_fifo_is_one_line(fake_driver: FakeDriver, tmp_
 
 
 def test_generate_cdi_output_to_stdout(fake_driver: FakeDriver, tmp_path: Path) -> None:
-    """`--output /dev/stdout` writes to the command's stdout (here a pipe), as no --output does. The path is a
-    link of our own made like /dev/stdout (-> /proc/self/fd/1): a writer that replaces the path (the bug this
-    guards against) must replace that link, never the host's /dev/stdout."""
+    """An output path that is the stdout link writes to the command's stdout (here a pipe), as no --output does.
+    The path is a link of our own made like /dev/stdout (-> /proc/self/fd/1): a writer that replaces the path (the
+    bug this guards against) must replace that link, never the host's /dev/stdout."""
     stdout = tmp_path / "stdout"
     stdout.symlink_to("/proc/self/fd/1")
     result = generate(fake_driver, str(stdout))
