@@ -228,3 +228,15 @@ def test_void_and_unset_skip_capability_parsing() -> None:
 def test_non_string_env_entry_fails() -> None:
     with pytest.raises(RequestError, match="not a string"):
         parse_request([42])  # type: ignore[list-item]
+
+
+def test_clip_bounds_any_echo_and_keeps_a_line_a_line() -> None:
+    from gpuhook.errors import CLIP_LIMIT, clip
+
+    huge = "0," * 1_500_000
+    out = clip(huge)
+    assert len(out) < CLIP_LIMIT + 40 and out.endswith("(3000000 characters)")
+    assert clip("short") == "'short'"
+    assert clip("a\nb\x7f", quote=False) == "a\\x0ab\\x7f"  # a log line stays one line
+    assert "\n" not in clip("x\n" * 500, quote=False) and clip("x\n" * 500, quote=False).endswith("(1000 characters)")
+    assert clip(list(range(1000))).endswith("(1000 characters)")

@@ -3,13 +3,21 @@
 CLIP_LIMIT = 200  # characters of an image-supplied value a message echoes
 
 
+# Control characters a message must not carry raw (a log line stays one line), as \xNN.
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F)}
+
+
 def clip(value: object, limit: int = CLIP_LIMIT, quote: bool = True) -> str:
-    """`value` for a message (its repr, or its text with quote=False), cut to `limit` characters with the full
-    length said: an image can put megabytes in an environment variable, and a log line must stay a line."""
-    text = repr(value) if quote else str(value)
-    if len(text) <= limit:
+    """`value` for a message (its repr, or its text with quote=False and control characters escaped), cut to
+    `limit` characters with the full length said: an image can put megabytes in an environment variable, and a
+    log line must stay a line. A long string is cut before it is rendered, so clipping costs the same at any size."""
+    whole, cut = value, False
+    if isinstance(value, str | bytes) and len(value) > limit:
+        value, cut = value[:limit], True
+    text = repr(value) if quote else str(value).translate(_CONTROL)
+    if not cut and len(text) <= limit:
         return text
-    size = f"{len(value)} characters" if isinstance(value, str | bytes | list | tuple | dict) else "cut"
+    size = f"{len(whole)} characters" if isinstance(whole, str | bytes | list | tuple | dict) else "cut"
     return f"{text[:limit]}… ({size})"
 
 
