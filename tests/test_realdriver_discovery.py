@@ -11,13 +11,11 @@ import json
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support.realdriver import DEBIAN_LIB_DIR, LAYOUTS, LIB_DIR, RealRoot, elf_dynamic
-from support.realfix import real_driver_debian, real_driver_debs, real_driver_runfile  # noqa: F401
+from support.realdriver import DEBIAN_LIB_DIR, LIB_DIR, RealRoot, elf_dynamic
 
 HOOK = "/usr/local/bin/gpuhook"
 
@@ -36,22 +34,7 @@ BINARIES = ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nvidia-cud
 NODES = ("/dev/nvidia0", "/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools",
          "/dev/nvidia-modeset")
 
-
-@pytest.fixture(params=LAYOUTS)
-def real_root(request: pytest.FixtureRequest) -> RealRoot:
-    return request.getfixturevalue(f"real_driver_{request.param}")
-
-
-@pytest.fixture(autouse=True)
-def no_host_nodes() -> Iterator[None]:
-    """NVIDIA's real libraries, run as root, create /dev/nvidia* on the host when they find no driver:
-    nothing gpuhook does here may let them."""
-    before = set(Path("/dev").glob("nvidia*"))
-    yield
-    appeared = set(Path("/dev").glob("nvidia*")) - before
-    for node in appeared:
-        node.unlink()
-    assert not appeared, f"{sorted(map(str, appeared))} appeared on the host (removed)"
+pytestmark = pytest.mark.usefixtures("no_host_nodes")
 
 
 def gpuhook(*args: str) -> subprocess.CompletedProcess[str]:

@@ -20,13 +20,12 @@ import pytest
 from support.e2e import need_root, need_tool
 from support.glibc import MULTIARCH, glibc_rootfs
 from support.podman import Podman, need_podman
-from support.realdriver import LAYOUTS, RealRoot
-from support.realfix import real_driver_debian, real_driver_debs, real_driver_runfile  # noqa: F401
+from support.realdriver import RealRoot
 from support.runc import make_bundle, need_busybox, runc_delete, runc_run, unique_id
 
 from gpuhook.cli.cdi import default_hook_path
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("no_host_nodes")]
 HOOK_BIN = Path(sys.executable).with_name("gpuhook-hook")
 SHIM = Path(sys.executable).with_name("gpuhook-runtime")
 # What NVIDIA's libcuda and nvidia-smi need from the image besides libc (glibc's compatibility stubs).
@@ -39,22 +38,6 @@ int cuDriverGetVersion(int *v) { *v = COMPAT_CUDA; return 0; }
 int cuInit(unsigned flags) { (void)flags; return 100; }
 int cuDeviceGetCount(int *n) { *n = 0; return 100; }
 """
-
-
-@pytest.fixture(params=LAYOUTS)
-def real_root(request: pytest.FixtureRequest) -> RealRoot:
-    return request.getfixturevalue(f"real_driver_{request.param}")
-
-
-@pytest.fixture(autouse=True)
-def no_host_nodes() -> Iterator[None]:
-    """Nothing here may let NVIDIA's code create /dev/nvidia* on the host."""
-    before = set(Path("/dev").glob("nvidia*"))
-    yield
-    appeared = set(Path("/dev").glob("nvidia*")) - before
-    for node in appeared:
-        node.unlink()
-    assert not appeared, f"{sorted(map(str, appeared))} appeared on the host (removed)"
 
 
 @pytest.fixture()
@@ -226,24 +209,14 @@ OLDER = ("530.30.02", 12030)
 
 
 @pytest.mark.parametrize(("compat", "seen"), [(NEWER, 12040), (OLDER, 12020)], ids=["newer", "older"])
-def test_cuda_compat_through_the_hook(e2e: Path, real_driver_runfile: RealRoot, compat: Any,  # noqa: F811
-                                      seen: int) -> None:
-    result = run_hook(e2e, real_driver_runfile, image(e2e, compat))
-    assert result.returncode == 0, result.stderr + result.stdout
-    assert f"version={seen}" in result.stdout, result.stdout
-
-
-@pytest.mark.parametrize(("compat", "seen"), [(NEWER, 12040), (OLDER, 12020)], ids=["newer", "older"])
-def test_cuda_compat_through_the_shim(e2e: Path, real_driver_runfile: RealRoot, compat: Any,  # noqa: F811
-                                      seen: int) -> None:
-    result = run_shim(e2e, real_driver_runfile, image(e2e, compat))
-    assert result.returncode == 0, result.stderr + result.stdout
-    assert f"version={seen}" in result.stdout, result.stdout
-
-
-@pytest.mark.parametrize(("compat", "seen"), [(NEWER, 12040), (OLDER, 12020)], ids=["newer", "older"])
-def test_cuda_compat_through_cdi(e2e: Path, real_driver_runfile: RealRoot, podman_world: Podman,  # noqa: F811
-                                 compat: Any, seen: int) -> None:
-    result = run_podman(podman_world, real_driver_runfile, image(e2e, compat))
+@pytest.mark.parametrize("door", ["hook", "shim", "cdi"])
+def test_cuda_compat(e2e: Path, real_driver_runfile: RealRoot, request: pytest.FixtureRequest, door: str,
+                     compat: Any, seen: int) -> None:
+    """One implementation behind all three doors: the newer compat libcuda wins, the older one is left out."""
+    rootfs = image(e2e, compat)
+    if door == "cdi":
+        result = run_podman(request.getfixturevalue("podman_world"), real_driver_runfile, rootfs)
+    else:
+        result = (run_hook if door == "hook" else run_shim)(e2e, real_driver_runfile, rootfs)
     assert result.returncode == 0, result.stderr + result.stdout
     assert f"version={seen}" in result.stdout, result.stdout

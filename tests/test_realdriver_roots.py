@@ -28,7 +28,6 @@ from support.realdriver import (
     resolve_in_root,
     run_nvidia,
 )
-from support.realfix import real_driver_debian, real_driver_debs, real_driver_runfile  # noqa: F401
 
 # What 535 reports from cuDriverGetVersion: CUDA 12.2.
 CUDA_12_2 = 12020
@@ -151,7 +150,7 @@ def test_firmware_and_configs_in_place(real_root: RealRoot) -> None:
 # ---- the two layouts ----------------------------------------------------------------------------------
 
 
-def test_runfile_layout_is_flat_with_soname_links(real_driver_runfile: RealRoot) -> None:  # noqa: F811
+def test_runfile_layout_is_flat_with_soname_links(real_driver_runfile: RealRoot) -> None:
     real = real_driver_runfile
     v = real.driver_version
     assert not real.host_path(DEBIAN_LIB_DIR).exists()
@@ -179,7 +178,7 @@ def test_runfile_layout_is_flat_with_soname_links(real_driver_runfile: RealRoot)
     assert not real.host_path("/etc/alternatives").exists()
 
 
-def test_debian_layout_finds_libraries_through_alternatives(real_driver_debian: RealRoot) -> None:  # noqa: F811
+def test_debian_layout_finds_libraries_through_alternatives(real_driver_debian: RealRoot) -> None:
     real = real_driver_debian
     v = real.driver_version
     assert not real.host_path("/etc/ld.so.conf.d/nvidia.conf").exists()  # Debian adds no loader path
@@ -201,7 +200,7 @@ def test_debian_layout_finds_libraries_through_alternatives(real_driver_debian: 
     assert real.host_path("/usr/sbin/nvidia-cuda-mps-server").is_file()
 
 
-def test_debian_alternatives_come_from_the_postinst(real_driver_debian: RealRoot) -> None:  # noqa: F811
+def test_debian_alternatives_come_from_the_postinst(real_driver_debian: RealRoot) -> None:
     real = real_driver_debian
     postinst = (real.unpacked["nvidia-alternative"] / "control/postinst").read_text()
     alt = parse_alternatives(real.root, postinst)
@@ -212,7 +211,7 @@ def test_debian_alternatives_come_from_the_postinst(real_driver_debian: RealRoot
     assert not any(link.startswith("/usr/lib/i386-linux-gnu/") for link in links)  # no 32-bit packages here
 
 
-def test_elf_reader_matches_readelf(real_driver_runfile: RealRoot) -> None:  # noqa: F811
+def test_elf_reader_matches_readelf(real_driver_runfile: RealRoot) -> None:
     readelf = shutil.which("readelf")
     if readelf is None:
         pytest.skip("needs readelf (binutils)")

@@ -428,7 +428,8 @@ def without_device_powers() -> None:
             raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
 
 
-def _host_nvidia_nodes() -> set[str]:
+def host_nvidia_nodes() -> set[str]:
+    """The host's /dev/nvidia* paths (there must be none that a test made)."""
     return {str(p) for p in Path("/dev").glob("nvidia*")}
 
 
@@ -439,7 +440,7 @@ def run_nvidia(
 
     Raises RuntimeError (after removing them) if /dev/nvidia* nodes appeared on the host all the same.
     """
-    before = _host_nvidia_nodes()
+    before = host_nvidia_nodes()
     proc = subprocess.run(
         argv,
         capture_output=True,
@@ -449,7 +450,7 @@ def run_nvidia(
         preexec_fn=without_device_powers if os.geteuid() == 0 else None,
         check=False,
     )
-    appeared = _host_nvidia_nodes() - before
+    appeared = host_nvidia_nodes() - before
     if appeared:
         for node in appeared:
             with contextlib.suppress(OSError):

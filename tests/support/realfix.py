@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from .e2e import need
-from .realdriver import Deb, RealDriverUnavailable, RealRoot, fetch_debs, real_driver_root
+from .realdriver import LAYOUTS, Deb, RealDriverUnavailable, RealRoot, fetch_debs, host_nvidia_nodes, real_driver_root
 
-__all__ = ["real_driver_debs", "real_driver_debian", "real_driver_runfile"]
+__all__ = ["no_host_nodes", "real_driver_debs", "real_driver_debian", "real_driver_runfile", "real_root"]
 
 
 @pytest.fixture(scope="session")
@@ -53,3 +55,21 @@ def real_driver_runfile(tmp_path_factory: pytest.TempPathFactory, real_driver_de
 def real_driver_debian(tmp_path_factory: pytest.TempPathFactory, real_driver_debs: dict[str, Deb]) -> RealRoot:
     """NVIDIA's files as Debian's packages install them (nvidia/current + alternatives), 2 simulated GPUs."""
     return _build("debian", tmp_path_factory, real_driver_debs)
+
+
+@pytest.fixture(params=LAYOUTS)
+def real_root(request: pytest.FixtureRequest) -> RealRoot:
+    """Each real layout in turn."""
+    return request.getfixturevalue(f"real_driver_{request.param}")
+
+
+@pytest.fixture()
+def no_host_nodes() -> Iterator[None]:
+    """NVIDIA's real libraries, run as root, create /dev/nvidia* on the host when they find no driver: nothing
+    gpuhook does in the test may let them. Use with `pytestmark = pytest.mark.usefixtures("no_host_nodes")`."""
+    before = host_nvidia_nodes()
+    yield
+    appeared = host_nvidia_nodes() - before
+    for node in appeared:
+        Path(node).unlink()
+    assert not appeared, f"{sorted(appeared)} appeared on the host (removed)"

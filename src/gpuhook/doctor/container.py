@@ -1,7 +1,7 @@
 """One container, step by step: what gpuhook would inject and why, or why nothing.
 
 The steps are the hook's own (hook.run / shim.prepare): request.parse_request with the config's policy,
-select.resolve, require.check, edits.plan. Each is called as they call it; doctor only words the outcome.
+selection.resolve, requirements.check, edits.plan. Each is called as they call it; doctor only words the outcome.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 A spec goes stale when the driver is upgraded (its mounts name `lib*.so.<old version>` and firmware of the old
 version), when GPUs come or go (names of devices the host no longer has, devices it does not name), and when the
 MIG layout changes (a MIG device's capability nodes differ). Each device of the spec is compared with what
-`edits.device_edits` gives for the device its name resolves to (`select.find_device`), so "current" means: what
+`edits.device_edits` gives for the device its name resolves to (`selection.find_device`), so "current" means: what
 `gpuhook generate-cdi` would write today.
 """
 

@@ -28,10 +28,11 @@ class Planned:
         names = ",".join(d.uuid or str(d.index) for d in self.selection.devices) or "none"
         caps = ",".join(sorted(self.selection.capabilities))
         e = self.edits
-        extra = "".join(
-            [f" imex={','.join(n.path.rsplit('channel', 1)[-1] for n in self.selection.imex_channels)}"]
-            if self.selection.imex_channels else []
-        ) + (f" gated={','.join(self.selection.gated)}" if self.selection.gated else "")
+        extra = ""
+        if self.selection.imex_channels:
+            extra += " imex=" + ",".join(n.path.rsplit("channel", 1)[-1] for n in self.selection.imex_channels)
+        if self.selection.gated:
+            extra += " gated=" + ",".join(self.selection.gated)
         return (f"devices={names} caps={caps} nodes={len(e.device_nodes)} mounts={len(e.mounts)} "
                 f"links={len(e.symlinks)}{extra}")
 

@@ -1,7 +1,7 @@
 """What a container asks for, parsed from its OCI config (env, mounts, annotations, capabilities).
 
 Pure functions only: the NVIDIA environment contract of DESIGN.md, turned into a `Request`.
-`select.py` then resolves a Request against an Inventory.
+`model/selection.py` then resolves a Request against an Inventory.
 """
 
 from __future__ import annotations

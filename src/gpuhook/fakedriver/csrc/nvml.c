@@ -505,18 +505,23 @@ API nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *min
     return NVML_SUCCESS;
 }
 
+/* NVML's two spellings of a PCI address (legacy 4-digit domain and 8-digit), and its parts. */
+static void fill_pci(nvmlPciInfo_t *pci, unsigned domain, unsigned bus, unsigned device, unsigned function)
+{
+    memset(pci, 0, sizeof *pci);
+    snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%04X:%02X:%02X.%X", domain, bus, device, function);
+    snprintf(pci->busId, sizeof pci->busId, "%08X:%02X:%02X.%X", domain, bus, device, function);
+    pci->domain = domain;
+    pci->bus = bus;
+    pci->device = device;
+}
+
 API nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci)
 {
     RESOLVE_GPU(device, g);
     if (pci == NULL)
         return NVML_ERROR_INVALID_ARGUMENT;
-    memset(pci, 0, sizeof *pci);
-    snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%04X:%02X:%02X.%X", g->domain, g->bus, g->device,
-             g->function);
-    snprintf(pci->busId, sizeof pci->busId, "%08X:%02X:%02X.%X", g->domain, g->bus, g->device, g->function);
-    pci->domain = g->domain;
-    pci->bus = g->bus;
-    pci->device = g->device;
+    fill_pci(pci, g->domain, g->bus, g->device, g->function);
     pci->pciDeviceId = g->pci_device_id;
     pci->pciSubSystemId = g->pci_subsystem_id;
     return NVML_SUCCESS;
@@ -664,13 +669,7 @@ API nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device, unsign
     r = active_link(device, link, &l);
     if (r != NVML_SUCCESS)
         return r;
-    memset(pci, 0, sizeof *pci);
-    snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%04X:%02X:%02X.%X", l->domain, l->bus, l->device,
-             l->function);
-    snprintf(pci->busId, sizeof pci->busId, "%08X:%02X:%02X.%X", l->domain, l->bus, l->device, l->function);
-    pci->domain = l->domain;
-    pci->bus = l->bus;
-    pci->device = l->device;
+    fill_pci(pci, l->domain, l->bus, l->device, l->function);
     return NVML_SUCCESS;
 }
 
