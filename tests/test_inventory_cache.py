@@ -8,7 +8,6 @@ or a MIG reconfiguration lands in the middle of a real scan.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -21,6 +20,7 @@ import pytest
 
 import gpuhook.discover as discovery
 from gpuhook.discover import Roots, cache
+from gpuhook.model import record
 from gpuhook.model.inventory import Inventory
 
 
@@ -111,11 +111,11 @@ def test_a_cache_missing_what_a_start_needs_is_rediscovered_and_replaced(
     whole(good)
     gpus = list(good.gpus)
     if damage == "gpu-node":
-        gpus[0] = dataclasses.replace(gpus[0], node=None)
+        gpus[0] = record.replace(gpus[0], node=None)
     elif damage == "mig-caps":
-        gpus[1] = dataclasses.replace(gpus[1], mig_devices=tuple(
-            dataclasses.replace(m, cap_nodes=()) for m in gpus[1].mig_devices))
-    bad = dataclasses.replace(good, gpus=gpus, driver_version="" if damage == "driver-version" else
+        gpus[1] = record.replace(gpus[1], mig_devices=tuple(
+            record.replace(m, cap_nodes=()) for m in gpus[1].mig_devices))
+    bad = record.replace(good, gpus=gpus, driver_version="" if damage == "driver-version" else
                               good.driver_version)
     path.write_text(json.dumps(bad.to_dict()))
     assert cache.load_fresh(str(path), roots(fake)) is None

@@ -4,7 +4,6 @@ the device plugin's `--feature-file` kept current through health changes and a d
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import threading
 import time
@@ -19,6 +18,7 @@ from test_plugin import FAST_HEALTH, wait_nvml_events
 from gpuhook.cli.app import main
 from gpuhook.discover import Inventory, Roots, discover
 from gpuhook.fakedriver.procfs import version_text
+from gpuhook.model import record
 from gpuhook.model.inventory import Gpu
 from gpuhook.plugin.devices import Options
 from gpuhook.plugin.health import HealthConfig
@@ -131,7 +131,7 @@ def test_mixed_products_are_labelled_as_gfd_does() -> None:
     assert got["nvidia.com/gpu.count"] == "2" and got["nvidia.com/gpu.memory"] == "2000"
     assert got["nvidia.com/gpu.family"] == "ampere"
     # every GPU MIG-enabled: the MIG-enabled product, without sharing
-    all_mig = dataclasses.replace(inv, gpus=[dataclasses.replace(g, mig_enabled=True) for g in inv.gpus])
+    all_mig = record.replace(inv, gpus=[record.replace(g, mig_enabled=True) for g in inv.gpus])
     got = labels(all_mig)
     assert got["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-40GB" and got["nvidia.com/gpu.replicas"] == "0"
 

@@ -7,7 +7,6 @@ shim and the CDI spec all refuse the same things.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -19,6 +18,7 @@ import pytest
 from support.inv import sample_inventory
 
 from gpuhook.errors import RequestError
+from gpuhook.model import record
 from gpuhook.model.edits import ALL_CAPABILITIES, Selection, plan
 from gpuhook.model.inventory import Inventory
 
@@ -27,8 +27,8 @@ SHIM = str(Path(sys.executable).with_name("gpuhook-runtime"))
 
 def without_gpu_node(inv: Inventory, index: int) -> Inventory:
     gpus = list(inv.gpus)
-    gpus[index] = dataclasses.replace(gpus[index], node=None)
-    return dataclasses.replace(inv, gpus=gpus)
+    gpus[index] = record.replace(gpus[index], node=None)
+    return record.replace(inv, gpus=gpus)
 
 
 # --- the plan ------------------------------------------------------------------------------------------------
@@ -43,16 +43,16 @@ def test_a_selected_gpu_without_its_node_fails() -> None:
 def test_a_mig_device_without_its_caps_nodes_fails() -> None:
     inv = sample_inventory()
     gpu = next(g for g in inv.gpus if g.mig_devices)
-    mig = dataclasses.replace(gpu.mig_devices[0], cap_nodes=())
-    gpus = [dataclasses.replace(g, mig_devices=(mig, *g.mig_devices[1:])) if g is gpu else g for g in inv.gpus]
-    inv = dataclasses.replace(inv, gpus=gpus)
+    mig = record.replace(gpu.mig_devices[0], cap_nodes=())
+    gpus = [record.replace(g, mig_devices=(mig, *g.mig_devices[1:])) if g is gpu else g for g in inv.gpus]
+    inv = record.replace(inv, gpus=gpus)
     with pytest.raises(RequestError, match="has no nvidia-caps device nodes .*error getting MIG capability"):
         plan(inv, Selection(devices=(mig,)))
 
 
 def test_no_control_node_fails() -> None:
     inv = sample_inventory()
-    inv = dataclasses.replace(inv, control_nodes={k: v for k, v in inv.control_nodes.items() if k != "nvidiactl"})
+    inv = record.replace(inv, control_nodes={k: v for k, v in inv.control_nodes.items() if k != "nvidiactl"})
     with pytest.raises(RequestError, match="no device node /dev/nvidiactl"):
         plan(inv, Selection(devices=(inv.gpus[0],)))
 
@@ -60,7 +60,7 @@ def test_no_control_node_fails() -> None:
 @pytest.mark.parametrize("capability", ["compute", "utility", "video", "graphics"])
 def test_a_named_capability_without_libraries_fails(capability: str) -> None:
     inv = sample_inventory()
-    inv = dataclasses.replace(inv, files=[f for f in inv.files if f.capability != capability])
+    inv = record.replace(inv, files=[f for f in inv.files if f.capability != capability])
     with pytest.raises(RequestError, match=rf"no driver library for capability '{capability}'"):
         plan(inv, Selection(devices=(inv.gpus[0],), capabilities=frozenset({capability, "utility", "compute"})))
 
@@ -68,7 +68,7 @@ def test_a_named_capability_without_libraries_fails(capability: str) -> None:
 def test_all_capabilities_take_what_the_driver_has() -> None:
     """`all` is whatever the driver offers: a headless driver without graphics libraries still serves it."""
     inv = sample_inventory()
-    inv = dataclasses.replace(inv, files=[f for f in inv.files if f.capability not in ("graphics", "video")])
+    inv = record.replace(inv, files=[f for f in inv.files if f.capability not in ("graphics", "video")])
     edits = plan(inv, Selection(devices=(inv.gpus[0],), capabilities=ALL_CAPABILITIES))
     assert edits.device_nodes and edits.mounts
 

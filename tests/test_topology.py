@@ -5,7 +5,6 @@ NUMA node 0 = GPUs 0-3, node 1 = GPUs 4-7, common ancestor NODE within a node an
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import json
 import os
@@ -19,6 +18,7 @@ from test_plugin import running
 from gpuhook.cli.app import main
 from gpuhook.discover import Inventory, Roots, discover
 from gpuhook.discover.cache import load_fresh, store
+from gpuhook.model import record
 from gpuhook.model import topology as topo
 from gpuhook.model.inventory import Gpu, NvLink
 from gpuhook.model.report import format_inventory
@@ -239,7 +239,7 @@ def test_unknown_topology_falls_back_to_numa_and_pci() -> None:
     levels = [[0, 10, 30, 30], [10, 0, 30, 30], [30, 30, 0, 10], [30, 30, 10, 0]]
     inv = hand_inventory(levels, {(2, 3): 12}, [0, 0, 0, 0])
     assert chooser(inv).choose(["0", "1", "2", "3"], [], 2) == ["2", "3"]
-    inv.gpus[3] = dataclasses.replace(inv.gpus[3], pci_levels=())  # one GPU's topology unread: none is used
+    inv.gpus[3] = record.replace(inv.gpus[3], pci_levels=())  # one GPU's topology unread: none is used
     c = chooser(inv)
     assert c.links is None
     assert c.choose(["0", "1", "2", "3"], [], 2) == ["0", "1"]  # bus ids 10 11 12 13: the tightest run first
@@ -260,5 +260,5 @@ def test_large_pools_are_chosen_greedily_and_deterministically() -> None:
 def test_format_inventory_without_topology_says_so() -> None:
     inv = hand_inventory([[0, 10], [10, 0]], {}, [0, 0])
     assert "GPU0  X     PIX" in format_inventory(inv)
-    inv.gpus[0] = dataclasses.replace(inv.gpus[0], pci_levels=())
+    inv.gpus[0] = record.replace(inv.gpus[0], pci_levels=())
     assert "topology: unknown" in format_inventory(inv)

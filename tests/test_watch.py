@@ -199,9 +199,9 @@ def test_usable_devices_leave_out_a_gpu_without_node(fake_driver: Any) -> None:
     inv = discover(Roots.make(str(fake_driver.root), proc_root=str(fake_driver.root / "proc")))
     kept, notes = usable_devices(inv)
     assert len(kept) == 2 and notes == []
-    import dataclasses
+    from gpuhook.model import record
 
-    inv.gpus[1] = dataclasses.replace(inv.gpus[1], node=None)
+    inv.gpus[1] = record.replace(inv.gpus[1], node=None)
     kept, notes = usable_devices(inv)
     assert [d.index for d in kept] == [0] and "GPU 1 has no device node" in notes[0]
 

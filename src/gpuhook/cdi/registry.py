@@ -10,25 +10,23 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from gpuhook.cdi import codec
 from gpuhook.cdi.errors import CdiError
 from gpuhook.cdi.validate import validate_spec
+from gpuhook.model.record import Record, field
 
 DEFAULT_SPEC_DIRS: tuple[str, ...] = ("/etc/cdi", "/var/run/cdi")
 
 
-@dataclass(frozen=True)
-class SpecDevice:
+class SpecDevice(Record):
     name: str  # qualified: vendor/class=name
     spec_path: str
     priority: int
 
 
-@dataclass
-class Registry:
+class Registry(Record, frozen=False):
     devices: dict[str, SpecDevice] = field(default_factory=dict)  # resolvable names only
     conflicts: dict[str, list[str]] = field(default_factory=dict)  # name -> spec files defining it at one priority
     errors: list[str] = field(default_factory=list)  # one line per spec that does not load (or unreadable dir)

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import string
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
+
+from gpuhook.model.record import Record
 
 KNOWN_VERSIONS: tuple[str, ...] = (
     "0.1.0", "0.2.0", "0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "1.0.0", "1.1.0",
@@ -20,8 +21,7 @@ KNOWN_VERSIONS: tuple[str, ...] = (
 EARLIEST = "0.3.0"  # the lowest version a current loader considers (0.1.0 and 0.2.0 load as 0.3.0)
 
 
-@dataclass(frozen=True)
-class Requirement:
+class Requirement(Record):
     """One piece of content that needs `version`, at JSON path `path`."""
 
     version: str

@@ -14,10 +14,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import click
+
+from gpuhook.model.record import Record, field
 
 CONTAINER_SCRIPT = (
     "echo '  /dev:' $(ls /dev | grep nvidia); "
@@ -76,8 +77,7 @@ ENXIO_NOTE = (
 )
 
 
-@dataclass
-class Verdict:
+class Verdict(Record, frozen=False):
     """What each step of the demo came to: (status, step, detail), status ok | skipped | failed."""
 
     rows: list[tuple[str, str, str]] = field(default_factory=list)

@@ -11,11 +11,11 @@ import ctypes
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
 from typing import Any
 
 from gpuhook.errors import DiscoveryError
 from gpuhook.model.inventory import normalize_bus_id
+from gpuhook.model.record import Record, field
 
 _lock = threading.Lock()
 LOCK_TIMEOUT_S = 30.0
@@ -41,8 +41,7 @@ BRANDS: dict[int, str] = {
 }
 
 
-@dataclass
-class NvmlMig:
+class NvmlMig(Record, frozen=False):
     index: int
     uuid: str
     gi: int
@@ -51,8 +50,7 @@ class NvmlMig:
     memory_mib: int
 
 
-@dataclass
-class NvmlGpu:
+class NvmlGpu(Record, frozen=False):
     index: int
     minor: int
     uuid: str
@@ -70,8 +68,7 @@ class NvmlGpu:
     p2p_ok: list[bool] = field(default_factory=list)
 
 
-@dataclass
-class NvmlReport:
+class NvmlReport(Record, frozen=False):
     driver_version: str
     cuda_version: str
     gpus: list[NvmlGpu]

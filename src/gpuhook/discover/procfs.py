@@ -7,16 +7,15 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
 
 from gpuhook.errors import DiscoveryError
+from gpuhook.model.record import Record
 
 NVIDIA_PROC = "driver/nvidia"
 _VERSION_RE = re.compile(r"Kernel Module\s+(?:for\s+\S+\s+)?(\d+\.\d+(?:\.\d+)?)")
 
 
-@dataclass(frozen=True)
-class ProcGpu:
+class ProcGpu(Record):
     bus_id: str
     minor: int
     uuid: str

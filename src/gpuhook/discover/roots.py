@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import os
 import posixpath
-from dataclasses import dataclass
+
+from gpuhook.model.record import Record
 
 
-@dataclass(frozen=True)
-class Roots:
+class Roots(Record):
     driver_root: str = "/"
     dev_root: str = "/"
     proc_root: str = "/proc"

@@ -7,7 +7,6 @@ selection.resolve, requirements.check, edits.plan. Each is called as they call i
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from gpuhook.doctor import datacenter
@@ -18,6 +17,7 @@ from gpuhook.model import catalogue
 from gpuhook.model import requirements as require
 from gpuhook.model.edits import plan
 from gpuhook.model.inventory import Gpu, Inventory, MigDevice
+from gpuhook.model.record import Record, field
 from gpuhook.model.report import edits_to_dict, format_edits
 from gpuhook.model.request import (
     CDI_ANNOTATION_PREFIX,
@@ -40,8 +40,7 @@ NVIDIA_MAJOR = 195
 SHOWN_ENV = ("NVIDIA_", LEGACY_CUDA_VERSION)
 
 
-@dataclass(frozen=True)
-class ContainerInput:
+class ContainerInput(Record):
     """What the hook reads from a bundle: env, mounts, annotations, privilege; plus the nodes config.json has."""
 
     origin: str

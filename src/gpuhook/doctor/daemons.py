@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
 import psutil
+
+from gpuhook.model.record import Record
 
 # runtime -> (process names, config options on its command line); containerd-shim* and friends are not daemons
 DAEMONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -23,8 +24,7 @@ DAEMONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 PODMAN_CONFIG_ENV = "CONTAINERS_CONF"
 
 
-@dataclass(frozen=True)
-class Daemon:
+class Daemon(Record):
     runtime: str
     pid: int
     config: str | None  # the config file named on its command line (absolute), None: the default one

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from gpuhook.model.record import Record, as_dict, field
 
 OK, INFO, WARN, PROBLEM = "ok", "info", "warn", "problem"
 SECTIONS = ("host", "runtimes", "cdi", "container")
 
 
-@dataclass(frozen=True)
-class Finding:
+class Finding(Record):
     """One observation. `fix`: the one command (or action) that fixes a problem or warning; `detail`: extra lines."""
 
     section: str
@@ -20,8 +20,7 @@ class Finding:
     detail: tuple[str, ...] = ()
 
 
-@dataclass
-class Report:
+class Report(Record, frozen=False):
     findings: list[Finding] = field(default_factory=list)
     container: dict[str, Any] | None = None  # the explained request, for --json
 
@@ -40,6 +39,6 @@ class Report:
             "ok": self.ok,
             "problems": self.count(PROBLEM),
             "warnings": self.count(WARN),
-            "findings": [{**asdict(f), "detail": list(f.detail)} for f in self.findings],
+            "findings": [{**as_dict(f), "detail": list(f.detail)} for f in self.findings],
             "container": self.container,
         }

@@ -7,7 +7,6 @@ one up (`gpuhook runtime configure …` or `gpuhook generate-cdi …`). Config l
 
 from __future__ import annotations
 
-import dataclasses
 import glob
 import json
 import os
@@ -17,7 +16,6 @@ import subprocess
 import sys
 import tomllib
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from gpuhook.cdi import version as cdi_version
@@ -25,6 +23,8 @@ from gpuhook.cdi.registry import DEFAULT_SPEC_DIRS
 from gpuhook.doctor.daemons import Daemon, running_daemons
 from gpuhook.doctor.model import INFO, OK, PROBLEM, WARN, Finding
 from gpuhook.doctor.specs import SpecStatus
+from gpuhook.model import record
+from gpuhook.model.record import Record
 from gpuhook.shim.runtime import has_gpuhook_hook
 
 try:  # another front door's constants, when it is there (it is optional for doctor)
@@ -53,8 +53,7 @@ PODMAN_MAX_CDI = {(4, 3): "0.5.0"}  # podman 4.3 vendors CDI 0.5.x: it drops spe
 Version = tuple[int, ...]
 
 
-@dataclass(frozen=True)
-class Paths:
+class Paths(Record):
     """Where each runtime keeps its configuration (tests point these into a temporary directory);
     `generate_flags`: the root options a `gpuhook generate-cdi` fix needs on this host."""
 
@@ -335,9 +334,9 @@ def with_config(name: str, paths: Paths, config: str) -> Paths:
     """`paths` with runtime `name`'s config file replaced by the one its running daemon was started with."""
     field_name = {"containerd": "containerd_config", "crio": "crio_config", "docker": "docker_config"}.get(name)
     if field_name:
-        return dataclasses.replace(paths, **{field_name: config})
+        return record.replace(paths, **{field_name: config})
     if name == "podman":
-        return dataclasses.replace(paths, podman_configs=(config,))
+        return record.replace(paths, podman_configs=(config,))
     return paths
 
 

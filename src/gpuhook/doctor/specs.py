@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from gpuhook.cdi import codec
@@ -23,6 +22,7 @@ from gpuhook.cdi.spec import ALL_DEVICE, default_devices
 from gpuhook.doctor.model import INFO, OK, PROBLEM, WARN, Finding
 from gpuhook.model.edits import ALL_CAPABILITIES, common_edits, device_edits, merge_all
 from gpuhook.model.inventory import Gpu, Inventory, MigDevice
+from gpuhook.model.record import Record, field
 from gpuhook.model.request import CDI_KIND
 from gpuhook.model.selection import find_device
 
@@ -34,8 +34,7 @@ Device = Gpu | MigDevice
 Nodes = frozenset[tuple[str, int, int]]
 
 
-@dataclass
-class SpecStatus:
+class SpecStatus(Record, frozen=False):
     """What the runtime checks need: which spec files are good (load and are current) and which names resolve."""
 
     registry: Registry

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
@@ -44,7 +43,7 @@ from gpuhook.fakedriver.model import (
     validate,
 )
 from gpuhook.fakedriver.nvmltable import table_source
-from gpuhook.model import catalogue
+from gpuhook.model import catalogue, record
 
 PERSISTENCED_SOCKET = "/var/run/nvidia-persistenced/socket"
 FIRMWARE_FILES = ("gsp_ga10x.bin", "gsp_tu10x.bin")
@@ -91,7 +90,7 @@ def build_fake_driver(
     if with_32 and not gcc_supports_m32():
         raise ValueError("compat32=True needs `gcc -m32` (install gcc-multilib)")
     fake = _describe(root, planned, driver_version, cuda_version, with_32, uuid_salt)
-    fake = dataclasses.replace(fake, nodes=fake.nodes + datacenter.nodes(), char_devices=datacenter.char_devices(),
+    fake = record.replace(fake, nodes=fake.nodes + datacenter.nodes(), char_devices=datacenter.char_devices(),
                                extra_files=tuple(datacenter.files().items()))
     artifacts = _artifacts(fake)
     ensure_built([*artifacts.values(), *(_nvml_core(b) for b in _bits(fake))])
@@ -262,7 +261,7 @@ def _artifacts(fake: FakeDriver) -> dict[str, Artifact]:
                 result[lib.path] = _cuda(lib, fake.cuda_driver_version)
             else:
                 deps = tuple(stubs[d] for d in _LIB_DEPS.get(lib.name, ()))
-                result[lib.path] = dataclasses.replace(stubs[lib.name], deps=deps)
+                result[lib.path] = record.replace(stubs[lib.name], deps=deps)
     for lib in fake.others:
         defines = (("FAKE_LIBRARY", c_string(f"{lib.name} {version}")),)
         result[lib.path] = Artifact("stub", lib.path.rsplit("/", 1)[1], lib.bits, lib.soname, defines)

@@ -14,8 +14,9 @@ import subprocess
 import tempfile
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
+
+from gpuhook.model.record import Record
 
 CSRC = Path(__file__).with_name("csrc")
 
@@ -70,8 +71,7 @@ def gcc_supports_m32() -> bool:
     return True
 
 
-@dataclass(frozen=True)
-class Artifact:
+class Artifact(Record):
     """One cached compiler output. `kind`: stub, cuda, nvml-core, tool, smi."""
 
     kind: str

@@ -8,10 +8,9 @@ family's /proc/devices line appears only when its module would be loaded; nvidia
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from gpuhook.fakedriver.model import FakeNode
 from gpuhook.model import catalogue
+from gpuhook.model.record import Record
 
 IMEX_MAJOR = 509
 NVSWITCH_MAJOR = 236
@@ -28,8 +27,7 @@ MAX_HCAS = 32
 CUFILE_JSON = '{\n    "logging": { "level": "ERROR" },\n    "properties": { "use_poll_mode": false }\n}\n'
 
 
-@dataclass(frozen=True)
-class Datacenter:
+class Datacenter(Record):
     """What to simulate: IMEX channel numbers, NVSwitch count, GDS, RDMA HCA count, gdrcopy."""
 
     imex_channels: tuple[int, ...] = ()

@@ -10,10 +10,10 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuhook.model import catalogue
+from gpuhook.model.record import Record, field
 
 DEFAULT_DRIVER_VERSION = "550.54.15"
 DEFAULT_CUDA_VERSION = "12.4"
@@ -68,8 +68,7 @@ DRIVER_VERSION_RE = re.compile(r"\d+\.\d+(\.\d+)?")
 CUDA_VERSION_RE = re.compile(r"\d+\.\d+")
 
 
-@dataclass(frozen=True)
-class MigProfile:
+class MigProfile(Record):
     """A GPU-instance profile of the H100 80GB; placements are in memory slices (8 per GPU)."""
 
     name: str
@@ -101,8 +100,7 @@ MIG_PROFILES: dict[str, MigProfile] = {
 }
 
 
-@dataclass(frozen=True)
-class FakeNode:
+class FakeNode(Record):
     """A character device node made under the root; `path` is canonical (/dev/...)."""
 
     path: str
@@ -111,8 +109,7 @@ class FakeNode:
     mode: int = 0o666
 
 
-@dataclass(frozen=True)
-class FakeMigDevice:
+class FakeMigDevice(Record):
     gpu_index: int
     index: int  # position among its GPU's MIG devices (NVML's MIG handle index), ordered by GI id
     uuid: str  # MIG-...
@@ -131,8 +128,7 @@ class FakeMigDevice:
         return (f"/dev/nvidia-caps/nvidia-cap{self.gi_cap_minor}", f"/dev/nvidia-caps/nvidia-cap{self.ci_cap_minor}")
 
 
-@dataclass(frozen=True)
-class FakeGpu:
+class FakeGpu(Record):
     index: int
     minor: int
     uuid: str
@@ -163,8 +159,7 @@ class FakeGpu:
         return f"{int(domain, 16):08X}:{rest.upper()}"
 
 
-@dataclass(frozen=True)
-class FakeLibrary:
+class FakeLibrary(Record):
     name: str  # libcuda
     capability: str
     path: str  # canonical /usr/lib/x86_64-linux-gnu/libcuda.so.<ver>
@@ -177,8 +172,7 @@ class FakeLibrary:
         return f"{self.path.rsplit('/', 1)[0]}/{self.soname}" if self.soname else self.path
 
 
-@dataclass(frozen=True)
-class FakeDriver:
+class FakeDriver(Record):
     """A built fake driver root. Paths are canonical (as in a container); `host_path` maps them under root."""
 
     root: Path

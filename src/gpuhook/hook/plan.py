@@ -6,10 +6,9 @@ NVIDIA_REQUIRE_* checks and the edits plan.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from gpuhook.model.edits import ContainerEdits, Selection, plan
 from gpuhook.model.inventory import Inventory
+from gpuhook.model.record import Record
 from gpuhook.model.request import Request
 
 TYPE_CHECKING = False
@@ -17,8 +16,7 @@ if TYPE_CHECKING:
     from gpuhook.hook.config import Config
 
 
-@dataclass(frozen=True)
-class Planned:
+class Planned(Record):
     inventory: Inventory
     selection: Selection
     edits: ContainerEdits

@@ -14,7 +14,8 @@ from __future__ import annotations
 import os
 import struct
 from collections import namedtuple
-from dataclasses import dataclass
+
+from gpuhook.model.record import Record
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the hook's path)
 
@@ -49,8 +50,7 @@ INSN_SIZE = 8
 _INSN = struct.Struct("<BBhi")
 
 
-@dataclass(frozen=True)
-class DeviceRule:
+class DeviceRule(Record):
     """Allow `access` (subset of "rwm") to the block ("b") or character ("c") device major:minor."""
 
     type: str

@@ -8,7 +8,7 @@ them; the simulated driver creates what the table says, with the sonames the rea
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from gpuhook.model.record import Record
 
 CAPABILITIES: tuple[str, ...] = ("compute", "utility", "video", "graphics", "display", "compat32", "ngx")
 # A driver-version library the table does not know: CDI still mounts it (as nvidia-ctk does), the hook's
@@ -21,8 +21,7 @@ LIB32_DIR = "/usr/lib/i386-linux-gnu"
 FIRMWARE_DIR = "/lib/firmware/nvidia"
 
 
-@dataclass(frozen=True)
-class LibrarySpec:
+class LibrarySpec(Record):
     """One driver library: `lib<name>.so.<driver version>` (or `.so.<file_version>`).
 
     `soname_version` is what the real file's DT_SONAME carries and what the simulated driver gives it:
@@ -112,8 +111,7 @@ GBM_ALLOCATOR = "libnvidia-allocator"
 GBM_BACKEND_LINK = "gbm/nvidia-drm_gbm.so"
 
 
-@dataclass(frozen=True)
-class XorgModuleSpec:
+class XorgModuleSpec(Record):
     """An X server module of the driver: `{version}` in the name stands for the driver version."""
 
     folder: str  # "drivers" or "extensions"
@@ -147,8 +145,7 @@ DEV_LINKS: dict[str, str] = {
 }
 
 
-@dataclass(frozen=True)
-class BinarySpec:
+class BinarySpec(Record):
     name: str
     capability: str
 
@@ -166,8 +163,7 @@ BINARIES: tuple[BinarySpec, ...] = (
 BINARY_DIRS: tuple[str, ...] = ("/usr/bin", "/usr/sbin", "/bin", "/sbin")
 
 
-@dataclass(frozen=True)
-class IpcSpec:
+class IpcSpec(Record):
     """A unix socket or pipe directory; mounted only when present on the host."""
 
     path: str
@@ -212,8 +208,7 @@ IMEX_DEVICES_NAME = "nvidia-caps-imex-channels"
 IMEX_CHANNEL_MAX = (1 << 20) - 1  # the driver's channel count
 
 
-@dataclass(frozen=True)
-class GatedDevices:
+class GatedDevices(Record):
     """A device family a container gets only on request (contract.GATED_DEVICE_ENV), as NVIDIA's
     internal/discover/{nvswitch,gds,mofed,gdrcopy}.go find them: node globs under the dev root, and files under the
     driver root that are mounted read-only only when at least one node was found (gds.go does so)."""

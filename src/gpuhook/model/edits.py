@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import posixpath
 from collections.abc import Callable, Hashable, Iterable
-from dataclasses import dataclass, field
 
 from gpuhook.errors import RequestError
 from gpuhook.model import catalogue
 from gpuhook.model.inventory import DeviceNode, DriverFile, Gpu, Inventory, MigDevice
+from gpuhook.model.record import Record, field
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the hook's path)
 if TYPE_CHECKING:
@@ -29,8 +29,7 @@ SOCKET_OPTIONS: tuple[str, ...] = ("nosuid", "nodev", "noexec", "rbind", "rpriva
 ALL_CAPABILITIES = frozenset(catalogue.CAPABILITIES) | {catalogue.UNCLASSIFIED}
 
 
-@dataclass(frozen=True)
-class Mount:
+class Mount(Record):
     host_path: str
     container_path: str
     options: tuple[str, ...] = FILE_OPTIONS
@@ -41,8 +40,7 @@ class Mount:
         return "ro" in self.options
 
 
-@dataclass(frozen=True)
-class Symlink:
+class Symlink(Record):
     """`link` (absolute container path) pointing at `target` (as written in the link, usually a file name)."""
 
     target: str
@@ -52,8 +50,7 @@ class Symlink:
     if_target_exists: bool = False
 
 
-@dataclass
-class ContainerEdits:
+class ContainerEdits(Record, frozen=False):
     env: list[str] = field(default_factory=list)
     device_nodes: list[DeviceNode] = field(default_factory=list)
     mounts: list[Mount] = field(default_factory=list)
@@ -101,8 +98,7 @@ def merge_all(parts: Iterable[ContainerEdits]) -> ContainerEdits:
     return result
 
 
-@dataclass(frozen=True)
-class Selection:
+class Selection(Record):
     """What one container gets: devices (whole GPUs and MIG devices) and driver capabilities."""
 
     devices: tuple[Gpu | MigDevice, ...] = ()

@@ -6,7 +6,7 @@ Everything here is JSON-round-trippable: the hook's inventory cache and `gpuhook
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from gpuhook.model.record import Record, as_dict, field
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the hook's path)
 if TYPE_CHECKING:
@@ -26,8 +26,7 @@ def normalize_bus_id(bus_id: str) -> str:
     return f"{int(domain, 16):04x}:{rest}"
 
 
-@dataclass(frozen=True)
-class DeviceNode:
+class DeviceNode(Record):
     """A character device node on the host. `path` is the canonical (container) path, e.g. /dev/nvidia0;
     `host_path` is where it lives on this host (dev root prefixed)."""
 
@@ -39,8 +38,7 @@ class DeviceNode:
     type: str = "c"
 
 
-@dataclass(frozen=True)
-class DriverFile:
+class DriverFile(Record):
     """A driver file to bind into containers. `kind`: lib, lib32, bin, firmware, ipc, config, xorg (an X
     server module: mounted, not a loader folder), link (made in the container, nothing mounted)."""
 
@@ -52,8 +50,7 @@ class DriverFile:
     target: str = ""  # links only: what the link says
 
 
-@dataclass(frozen=True)
-class MigDevice:
+class MigDevice(Record):
     gpu_index: int
     index: int  # position among its GPU's MIG devices (the `<gpu>:<mig>` name)
     uuid: str  # MIG-...
@@ -74,16 +71,14 @@ class MigDevice:
         return f"{self.gpu_index}:{self.index}"
 
 
-@dataclass(frozen=True)
-class NvLink:
+class NvLink(Record):
     """One active NVLink of a GPU: where its far end is. `remote_type` is NVML's: gpu, switch, ibmnpu, unknown."""
 
     remote_bus_id: str  # 0000:2a:00.0 (normalised like Gpu.pci_bus_id)
     remote_type: str = "gpu"
 
 
-@dataclass(frozen=True)
-class Gpu:
+class Gpu(Record):
     """None is "unknown" (procfs discovery has no memory size, compute capability, brand or NUMA node; an NVML
     query can fail): `info --json` shows null and the text "unknown", never a 0 that reads like a value."""
 
@@ -115,8 +110,7 @@ class Gpu:
                 object.__setattr__(self, name, None)
 
 
-@dataclass
-class Inventory:
+class Inventory(Record, frozen=False):
     driver_version: str
     cuda_version: str | None  # driver's CUDA version "12.4"; None (or "", made None) if unknown
     source: str  # "nvml" or "procfs"
@@ -140,7 +134,7 @@ class Inventory:
             self.cuda_version = None
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
+        data = as_dict(self)
         data["format"] = INVENTORY_FORMAT
         return data
 

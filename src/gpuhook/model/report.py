@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from typing import Any
 
 from gpuhook.model import catalogue, topology
 from gpuhook.model.contract import GATED_DEVICE_ENV, IMEX_CHANNELS
 from gpuhook.model.edits import ContainerEdits
 from gpuhook.model.inventory import DeviceNode, Inventory
+from gpuhook.model.record import as_dict
 
 
 def _known(value: object, unit: str = "") -> str:
@@ -95,7 +95,7 @@ def edits_to_dict(edits: ContainerEdits) -> dict[str, Any]:
     camelCase is the spec's own format, not gpuhook's reports)."""
     return {
         "env": list(edits.env),
-        "device_nodes": [asdict(n) for n in edits.device_nodes],
+        "device_nodes": [as_dict(n) for n in edits.device_nodes],
         "mounts": [
             {"host_path": m.host_path, "container_path": m.container_path, "options": list(m.options)}
             for m in edits.mounts

@@ -9,7 +9,6 @@ from __future__ import annotations
 import posixpath
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 
 from gpuhook.errors import RequestError, clip
 from gpuhook.model import catalogue
@@ -29,6 +28,7 @@ from gpuhook.model.contract import (  # noqa: F401 - re-exported: the contract's
     VISIBLE_DEVICES,
     VOLUME_MOUNT_DIR,
 )
+from gpuhook.model.record import Record, field
 
 SPECIAL_WORDS = ("void", "none", "all")  # in precedence order: the first one present anywhere in a list wins
 JETPACK_REQUIREMENT = f"{REQUIRE_PREFIX}JETPACK"  # a Jetson board requirement, not a driver constraint
@@ -39,8 +39,7 @@ MAX_IDS = 4096
 MAX_VALUE_CHARS = 256 * 1024
 
 
-@dataclass(frozen=True)
-class Request:
+class Request(Record):
     """kind: "unset" (not a GPU container), "void" (leave untouched), "none", "all" or "list"."""
 
     kind: str
@@ -59,8 +58,7 @@ class Request:
         return self.kind in ("none", "all", "list")
 
 
-@dataclass(frozen=True)
-class Policy:
+class Policy(Record):
     accept_envvar_unprivileged: bool = True
     accept_volume_mounts: bool = False  # NVIDIA's accept-nvidia-visible-devices-as-volume-mounts default
     disable_require: bool = False

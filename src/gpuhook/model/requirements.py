@@ -6,18 +6,17 @@ Evaluated per selected device (arch and brand are per device; cuda and driver ar
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 from gpuhook.errors import RequestError, RequirementError, clip
 from gpuhook.model.inventory import Gpu, Inventory, MigDevice
+from gpuhook.model.record import Record
 
 KEYS = ("cuda", "driver", "arch", "brand")
 _COND_RE = re.compile(r"^([a-z]+)(<=|>=|=|<|>)(.+)$")
 _VERSION_RE = re.compile(r"[0-9]{1,9}(\.[0-9]{1,9}){0,3}")  # ASCII and bounded: int() of any of it is safe
 
 
-@dataclass(frozen=True)
-class Condition:
+class Condition(Record):
     key: str
     op: str
     value: str

@@ -8,9 +8,9 @@ replicas of it) is named once.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from gpuhook.model.contract import VISIBLE_DEVICES, VOLUME_MOUNT_DIR
+from gpuhook.model.record import Record
 from gpuhook.plugin import api_pb2 as pb
 from gpuhook.plugin.devices import PluginDevice, annotation_key
 
@@ -19,8 +19,7 @@ class AllocationError(ValueError):
     """Unknown or unhealthy ids in a request: becomes gRPC INVALID_ARGUMENT with this message."""
 
 
-@dataclass(frozen=True)
-class Bad:
+class Bad(Record):
     unknown: tuple[str, ...]
     unhealthy: tuple[str, ...]
 

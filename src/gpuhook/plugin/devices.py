@@ -9,13 +9,13 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
 from gpuhook.errors import ConfigError
 from gpuhook.model.contract import CDI_ANNOTATION_PREFIX as ANNOTATION_PREFIX
 from gpuhook.model.contract import CDI_KIND
 from gpuhook.model.edits import device_edits
 from gpuhook.model.inventory import Gpu, Inventory, MigDevice
+from gpuhook.model.record import Record
 
 ID_STRATEGIES = ("uuid", "index")
 MIG_STRATEGIES = ("none", "single", "mixed")
@@ -28,8 +28,7 @@ _KEY_BAD = re.compile(r"[^A-Za-z0-9_.-]")
 Target = Gpu | MigDevice
 
 
-@dataclass(frozen=True)
-class PluginDevice:
+class PluginDevice(Record):
     """One advertised device id. Replicas of a GPU are distinct PluginDevices sharing `target`."""
 
     id: str  # what kubelet sees: "GPU-…", "0", "0:1", or "<base>::<n>" with replicas
@@ -52,8 +51,7 @@ class PluginDevice:
         return (self.gpu_index, self.mig_index, self.replica)
 
 
-@dataclass(frozen=True)
-class Resource:
+class Resource(Record):
     """One kubelet extended resource: its own socket, its own registration, its own device list."""
 
     name: str
@@ -67,8 +65,7 @@ class Resource:
         return {d.id: d for d in self.devices}
 
 
-@dataclass(frozen=True)
-class Options:
+class Options(Record):
     resource_name: str = "nvidia.com/gpu"
     id_strategy: str = "uuid"
     mig_strategy: str = "none"

@@ -14,11 +14,11 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from gpuhook.errors import DiscoveryError
 from gpuhook.model.inventory import Gpu, Inventory, MigDevice
+from gpuhook.model.record import Record, field
 from gpuhook.plugin.devices import PluginDevice
 from gpuhook.plugin.state import HealthBoard, Key
 
@@ -42,8 +42,7 @@ def parse_xids(value: str) -> frozenset[int]:
     return frozenset(out)
 
 
-@dataclass(frozen=True)
-class HealthConfig:
+class HealthConfig(Record):
     enabled: bool = True
     ignored_xids: frozenset[int] = DEFAULT_IGNORED_XIDS
     recovery_window: float = 60.0  # seconds without a critical XID before a device counts as healthy again
@@ -51,8 +50,7 @@ class HealthConfig:
     event_wait_ms: int = 100  # how long one nvmlEventSetWait may block (bounds stop latency)
 
 
-@dataclass
-class _Track:
+class _Track(Record, frozen=False):
     """What is wrong with one underlying device right now."""
 
     gpu: Gpu
@@ -73,8 +71,7 @@ class _Track:
         return None
 
 
-@dataclass
-class _Gpu:
+class _Gpu(Record, frozen=False):
     gpu: Gpu
     handle: Any = None
     registered: bool = False

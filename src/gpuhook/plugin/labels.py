@@ -16,10 +16,10 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass
 
 from gpuhook.model import topology
 from gpuhook.model.inventory import Gpu, Inventory, MigDevice
+from gpuhook.model.record import Record
 from gpuhook.plugin.devices import Options, mig_resource_name
 
 log = logging.getLogger("gpuhook.plugin.labels")
@@ -71,8 +71,7 @@ def arch_family(major: int, minor: int) -> str:
     return families.get(major, "undefined")
 
 
-@dataclass(frozen=True)
-class _Resource:
+class _Resource(Record):
     """What one resource labeler of GFD describes: a name prefix, a product, a count and its sharing."""
 
     name: str  # nvidia.com/gpu, nvidia.com/mig-1g.10gb

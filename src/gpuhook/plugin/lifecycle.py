@@ -17,11 +17,11 @@ import stat
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from types import FrameType
 
 from gpuhook.errors import GpuhookError
 from gpuhook.model.inventory import Inventory
+from gpuhook.model.record import Record, field
 from gpuhook.plugin import cdispec, topology
 from gpuhook.plugin.devices import Options, Resource, plan
 from gpuhook.plugin.featurefile import FeatureFile
@@ -38,8 +38,7 @@ WATCH_TICK = 0.5  # seconds between checks when nothing wakes the watcher
 DRIVER_CHECK_INTERVAL = 2.0  # seconds between reads of the driver's version file (a driver upgrade reloads)
 
 
-@dataclass(frozen=True)
-class PluginConfig:
+class PluginConfig(Record):
     options: Options = field(default_factory=Options)
     kubelet_dir: str = DEFAULT_KUBELET_DIR
     cdi_spec_dir: str | None = "/var/run/cdi"  # None: write no spec (the names must resolve some other way)
@@ -51,8 +50,7 @@ class PluginConfig:
     feature_file: str | None = None  # NFD features.d file kept current with the GPU feature labels
 
 
-@dataclass
-class Served:
+class Served(Record, frozen=False):
     """One resource being served: its service, socket and registrar."""
 
     resource: Resource

@@ -21,11 +21,11 @@ import logging
 import math
 import os
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import TypeVar
 
 from gpuhook.model import topology as topo
 from gpuhook.model.inventory import Inventory
+from gpuhook.model.record import Record
 from gpuhook.plugin.devices import PluginDevice
 
 log = logging.getLogger("gpuhook.plugin.topology")
@@ -34,8 +34,7 @@ Unit = TypeVar("Unit", bound=Hashable)  # what the topology choice picks: a devi
 Rank = tuple[int, int | str]
 
 
-@dataclass(frozen=True)
-class Place:
+class Place(Record):
     numa: int  # -1 when unknown
     bus: tuple[int, int, int, int]  # (domain, bus, device, function); all -1 when unknown
 
@@ -84,8 +83,7 @@ MAX_SETS = 2000  # candidate sets scored exhaustively (about 60 ms); beyond, gro
 MAX_SWAPS = 32  # improvement rounds after the greedy growth
 
 
-@dataclass(frozen=True)
-class Links:
+class Links(Record):
     """GPU-to-GPU NVLink counts and PCI levels by GPU index, copied out of the inventory at plan time."""
 
     nvlinks: tuple[tuple[int, ...], ...]

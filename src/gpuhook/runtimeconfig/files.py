@@ -12,7 +12,6 @@ import json
 import os
 import re
 import tomllib
-from dataclasses import dataclass
 from typing import Any
 
 import tomlkit
@@ -21,13 +20,13 @@ from tomlkit.toml_document import TOMLDocument
 
 from gpuhook.errors import ConfigError
 from gpuhook.fileio.atomic import FileKindError, read_regular, write_atomic
+from gpuhook.model.record import Record
 
 BACKUP_SUFFIX = ".gpuhook.bak"
 NEW_FILE_MODE = 0o644
 
 
-@dataclass(frozen=True)
-class FileChange:
+class FileChange(Record):
     """One file's content before (None: absent) and after; `backup_to` overrides where the backup goes."""
 
     path: str

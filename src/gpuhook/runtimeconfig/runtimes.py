@@ -19,7 +19,6 @@ import shutil
 import subprocess
 import tomllib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import tomlkit
@@ -27,6 +26,7 @@ from tomlkit.toml_document import TOMLDocument
 
 from gpuhook.errors import ConfigError
 from gpuhook.fileio.atomic import FileKindError, read_regular
+from gpuhook.model.record import Record, field
 from gpuhook.runtimeconfig import hookspec
 from gpuhook.runtimeconfig.files import (
     BACKUP_SUFFIX,
@@ -67,8 +67,7 @@ RESTART = {
 }
 
 
-@dataclass(frozen=True)
-class Options:
+class Options(Record):
     runtime: str
     mode: str = "cdi"
     config: str | None = None
@@ -77,8 +76,7 @@ class Options:
     hook_config: str | None = None  # the hook's own config file, passed in the hook entry as --config FILE
 
 
-@dataclass
-class Plan:
+class Plan(Record, frozen=False):
     runtime: str
     mode: str
     config: str

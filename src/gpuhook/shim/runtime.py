@@ -20,10 +20,10 @@ import shutil
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from gpuhook.hook.log import append_log
+from gpuhook.model.record import Record
 
 RUNTIME_ENV = "GPUHOOK_RUNTIME"
 CONFIG_ENV = "GPUHOOK_CONFIG"
@@ -40,8 +40,7 @@ class ShimError(Exception):
     """A start that must not go ahead: one line for stderr."""
 
 
-@dataclass(frozen=True)
-class Invocation:
+class Invocation(Record):
     """What the runtime is asked to do: the subcommand and, for create/run, the bundle and container id."""
 
     command: str | None
