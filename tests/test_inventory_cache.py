@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-import gpuhook.discover as discovery
+import gpuhook.discover.scan as discovery
 from gpuhook.discover import Roots, cache
 from gpuhook.model import record
 from gpuhook.model.inventory import Inventory

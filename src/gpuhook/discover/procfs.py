@@ -12,7 +12,7 @@ from gpuhook.errors import DiscoveryError
 from gpuhook.model.record import Record
 
 NVIDIA_PROC = "driver/nvidia"
-_VERSION_RE = re.compile(r"Kernel Module\s+(?:for\s+\S+\s+)?(\d+\.\d+(?:\.\d+)?)")
+_VERSION_RE = r"Kernel Module\s+(?:for\s+\S+\s+)?(\d+\.\d+(?:\.\d+)?)"  # compiled at first use
 
 
 class ProcGpu(Record):
@@ -44,7 +44,7 @@ def parse_key_values(text: str) -> dict[str, str]:
 def driver_version(proc_root: str) -> str:
     path = os.path.join(proc_root, NVIDIA_PROC, "version")
     text = _read(path)
-    match = _VERSION_RE.search(text)
+    match = re.search(_VERSION_RE, text)
     if not match:
         raise DiscoveryError(f"{path}: no driver version in it")
     return match.group(1)

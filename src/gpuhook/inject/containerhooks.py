@@ -13,12 +13,12 @@ from collections.abc import Iterable
 
 LINK_SEPARATOR = "::"
 DEFAULT_LDCONFIG = "/sbin/ldconfig"
-_DRIVER_VERSION = re.compile(r"[0-9]{1,6}(\.[0-9]{1,6}){0,3}")
+_DRIVER_VERSION = r"[0-9]{1,6}(\.[0-9]{1,6}){0,3}"  # compiled at first use: importing costs nothing
 
 
 def valid_driver_version(value: str) -> bool:
     """`--host-driver-version`: digits and dots (535.309.01), bounded."""
-    return _DRIVER_VERSION.fullmatch(value) is not None
+    return re.fullmatch(_DRIVER_VERSION, value) is not None
 
 
 def parse_link(value: str) -> tuple[str, str] | None:

@@ -23,7 +23,7 @@ from gpuhook.inject.rootfs import RootFS
 
 COMPAT_DIR = "/usr/local/cuda/compat"
 CONF_FILE = "/etc/ld.so.conf.d/00-compat-gpuhook.conf"
-_COMPAT_LIB = re.compile(r"libcuda\.so\.([0-9]{1,6})\.[0-9]{1,6}(\.[0-9]{1,6})?")
+_COMPAT_LIB = r"libcuda\.so\.([0-9]{1,6})\.[0-9]{1,6}(\.[0-9]{1,6})?"  # compiled at first use
 MAX_ENTRIES = 4096  # a compat folder holds a handful of files; an image cannot make us list a million
 
 
@@ -46,7 +46,7 @@ def compat_libraries(rootfs: RootFS) -> list[str]:
             for count, entry in enumerate(entries):
                 if count >= MAX_ENTRIES:
                     break
-                if _COMPAT_LIB.fullmatch(entry.name):
+                if re.fullmatch(_COMPAT_LIB, entry.name):
                     st = os.stat(entry.name, dir_fd=dfd, follow_symlinks=False)
                     if stat.S_ISREG(st.st_mode):
                         names.append(entry.name)
@@ -61,7 +61,7 @@ def compat_folder(rootfs: RootFS, host_driver_version: str) -> str | None:
     libs = compat_libraries(rootfs)
     if host_major is None or len(libs) != 1:  # none, or ambiguous (NVIDIA skips several too)
         return None
-    match = _COMPAT_LIB.fullmatch(libs[0])
+    match = re.fullmatch(_COMPAT_LIB, libs[0])
     return COMPAT_DIR if match is not None and int(match.group(1)) > host_major else None
 
 

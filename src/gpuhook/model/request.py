@@ -149,7 +149,7 @@ def is_true(value: str | None) -> bool:
 # MAJOR[.MINOR[.PATCH[-prerelease][+build]]], numbers without leading zeros, ASCII only.
 _NUM = r"(?:0|[1-9][0-9]*)"
 _IDENT = r"(?:0|[1-9][0-9]*|[0-9]*[A-Za-z-][0-9A-Za-z-]*)"
-_SEMVER_RE = re.compile(
+_SEMVER_RE = (  # text: `re` compiles it at first use (a legacy CUDA image), not at every hook start
     rf"({_NUM})(?:\.({_NUM})(?:\.{_NUM}(?:-{_IDENT}(?:\.{_IDENT})*)?(?:\+[0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*)?)?)?"
 )
 
@@ -158,7 +158,7 @@ def legacy_cuda_version(value: str) -> str:
     """CUDA_VERSION's "major.minor" ("12" is 12.0), as NVIDIA's parseMajorMinorVersion; RequestError if it is not
     a version: the implied cuda>= requirement could not be checked, so the start fails."""
     text = value[1:] if value.startswith("v") else value
-    match = _SEMVER_RE.fullmatch(text)
+    match = re.fullmatch(_SEMVER_RE, text)
     major, minor = (match.group(1), match.group(2) or "0") if match else ("", "")
     if not match or max(len(major), len(minor)) > 10 or int(major) >= 2**32 or int(minor) >= 2**32:
         raise RequestError(f"invalid {LEGACY_CUDA_VERSION} {clip(value)} in a legacy CUDA image: not a version")

@@ -12,8 +12,9 @@ from gpuhook.model.inventory import Gpu, Inventory, MigDevice
 from gpuhook.model.record import Record
 
 KEYS = ("cuda", "driver", "arch", "brand")
-_COND_RE = re.compile(r"^([a-z]+)(<=|>=|=|<|>)(.+)$")
-_VERSION_RE = re.compile(r"[0-9]{1,9}(\.[0-9]{1,9}){0,3}")  # ASCII and bounded: int() of any of it is safe
+# Patterns as text: `re` compiles (and caches) them at first use, so importing costs nothing (the hook's path).
+_COND_RE = r"^([a-z]+)(<=|>=|=|<|>)(.+)$"
+_VERSION_RE = r"[0-9]{1,9}(\.[0-9]{1,9}){0,3}"  # ASCII and bounded: int() of any of it is safe
 
 
 class Condition(Record):
@@ -26,13 +27,13 @@ class Condition(Record):
 
 
 def parse_condition(text: str) -> Condition:
-    match = _COND_RE.match(text.strip())
+    match = re.match(_COND_RE, text.strip())
     if not match or match.group(1) not in KEYS:
         raise RequestError(f"invalid requirement {clip(text)} (expected cuda|driver|arch|brand with =,<,<=,>,>=)")
     key, op, value = match.groups()
     if key == "brand" and op != "=":
         raise RequestError(f"invalid requirement {clip(text)}: brand only takes '='")
-    if key != "brand" and not _VERSION_RE.fullmatch(value):
+    if key != "brand" and not re.fullmatch(_VERSION_RE, value):
         raise RequestError(f"invalid requirement {clip(text)}: {clip(value)} is not a version")
     return Condition(key, op, value)
 
