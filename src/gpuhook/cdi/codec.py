@@ -10,10 +10,13 @@ from __future__ import annotations
 import functools
 import json
 import os
-from typing import Any
 
 from gpuhook.cdi.errors import CdiError
 from gpuhook.cdi.yamlout import dump
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (generate-cdi's path)
+if TYPE_CHECKING:
+    from typing import Any
 
 FORMATS: tuple[str, ...] = ("yaml", "json")
 SPEC_EXTENSIONS: tuple[str, ...] = (".yaml", ".json")  # what CDI loaders read; `.yml` is ignored by them

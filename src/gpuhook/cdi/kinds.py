@@ -8,8 +8,6 @@ spec carries the driver files. The content comes from the planning model (edits.
 
 from __future__ import annotations
 
-from typing import Any
-
 from gpuhook.cdi import names, version
 from gpuhook.cdi.errors import CdiError
 from gpuhook.cdi.spec import ALL_DEVICE, choose_version, render_edits
@@ -17,6 +15,10 @@ from gpuhook.model import catalogue
 from gpuhook.model.contract import IMEX_CDI_CLASS
 from gpuhook.model.edits import ContainerEdits, gated_edits, imex_edits
 from gpuhook.model.inventory import Inventory
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (generate-cdi's path)
+if TYPE_CHECKING:
+    from typing import Any
 
 GPU_MODE = "gpu"
 IMEX_MODE = "imex"

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
 
 from gpuhook.cdi import codec
 from gpuhook.cdi.errors import CdiError
 from gpuhook.cdi.validate import validate_spec
 from gpuhook.model.record import Record, field
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (generate-cdi's path)
+if TYPE_CHECKING:
+    from typing import Any
 
 DEFAULT_SPEC_DIRS: tuple[str, ...] = ("/etc/cdi", "/var/run/cdi")
 

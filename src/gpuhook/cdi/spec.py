@@ -8,7 +8,6 @@ The spec claims the lowest cdiVersion that covers what it uses (see `version`).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 from gpuhook.cdi import names, version
 from gpuhook.cdi.errors import CdiError
@@ -24,6 +23,10 @@ from gpuhook.model.edits import (
     merge_all,
 )
 from gpuhook.model.inventory import DeviceNode, Gpu, Inventory, MigDevice
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (generate-cdi's path)
+if TYPE_CHECKING:
+    from typing import Any
 
 ALL_DEVICE = "all"
 HOOK_NAME = "createContainer"

@@ -11,9 +11,12 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Iterator, Mapping
-from typing import Any
 
 from gpuhook.cdi import names, version
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (generate-cdi's path)
+if TYPE_CHECKING:
+    from typing import Any
 
 VALID_HOOK_NAMES: frozenset[str] = frozenset(
     {"prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop"})

@@ -9,11 +9,13 @@ annotations or a dot in the class; 0.5.0 a device name not starting with a lette
 
 from __future__ import annotations
 
-import string
 from collections.abc import Iterator, Mapping
-from typing import Any
 
 from gpuhook.model.record import Record
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (generate-cdi's path)
+if TYPE_CHECKING:
+    from typing import Any
 
 KNOWN_VERSIONS: tuple[str, ...] = (
     "0.1.0", "0.2.0", "0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "1.0.0", "1.1.0",
@@ -70,7 +72,7 @@ def requirements(spec: Mapping[str, Any]) -> list[Requirement]:
         if not isinstance(dev, Mapping):
             continue
         name = dev.get("name")
-        if isinstance(name, str) and name and name[0] not in string.ascii_letters:
+        if isinstance(name, str) and name and not (name[0].isascii() and name[0].isalpha()):
             found.append(Requirement("0.5.0", f"$.devices[{i}].name", "a device name not starting with a letter"))
         if "annotations" in dev:
             found.append(Requirement("0.6.0", f"$.devices[{i}].annotations", "device annotations"))

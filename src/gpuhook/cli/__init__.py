@@ -1,14 +1,25 @@
 """The faces of gpuhook: the `gpuhook` click command line (app.py and one module per front door's commands) and
 the lean entry script the runtimes run at every container start (entry.py, no click).
 
-Nothing is imported here, so the lean entry pays only for itself; `main` loads the click application on call.
+Nothing is imported here, so the lean entry pays only for itself. `main` loads the click application on call,
+except for a plain `generate-cdi` command line, which cli/generate.py runs without click (the same work; click
+answers whatever that path does not fully understand).
 """
 
 from __future__ import annotations
 
+import sys
+
 
 def main(argv: list[str] | None = None) -> int:
     """`gpuhook …` (the console script)."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args[:1] == ["generate-cdi"]:
+        from gpuhook.cli.generate import lean_main
+
+        code = lean_main(args[1:])
+        if code is not None:
+            return code
     from gpuhook.cli.app import main as app_main
 
-    return app_main(argv)
+    return app_main(args)

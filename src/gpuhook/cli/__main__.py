@@ -2,6 +2,6 @@
 
 import sys
 
-from gpuhook.cli.app import main
+from gpuhook.cli import main
 
 sys.exit(main())

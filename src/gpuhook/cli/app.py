@@ -7,67 +7,42 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import click
 
+from gpuhook.cli.inventory import load_inventory
+from gpuhook.cli.options import CACHE_OPTION as CACHE_OPTION_SPEC
+from gpuhook.cli.options import ROOT_OPTIONS, Option
 from gpuhook.errors import GpuhookError
 
-if TYPE_CHECKING:
-    from gpuhook.discover.roots import Roots
-    from gpuhook.model.inventory import Inventory
+__all__ = ["CACHE_OPTION", "apply_options", "cli", "click_option", "load_inventory", "main", "root_options"]
 
 
-def root_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    """--driver-root/--dev-root/--proc-root/--discovery, shared by every command that discovers."""
-    func = click.option(
-        "--discovery",
-        type=click.Choice(["auto", "nvml", "procfs"]),
-        default="auto",
-        show_default=True,
-        help="Where GPUs come from.",
-    )(func)
-    func = click.option("--proc-root", default=None, help="procfs to read /driver/nvidia from [default: /proc].")(func)
-    func = click.option("--dev-root", default=None, help="Root holding /dev [default: driver root].")(func)
-    func = click.option("--driver-root", default="/", show_default=True, help="Root of the driver install.")(func)
-    return func
+def click_option(opt: Option) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A click option from its one description (cli/options.py)."""
+    kind: Any = None
+    if opt.choices:
+        kind = click.Choice(opt.choices)
+    elif opt.float_min is not None:
+        kind = click.FloatRange(min=opt.float_min)
+    return click.option(*opt.flags, opt.dest, type=kind, default=opt.default, multiple=opt.multiple,
+                        is_flag=opt.is_flag, metavar=opt.metavar, show_default=opt.show_default, help=opt.help)
 
 
-CACHE_OPTION = click.option(
-    "--inventory-cache", "inventory_cache", default=None, metavar="FILE",
-    help="Reuse a discovered inventory kept here while the driver's fingerprint (version, nodes, MIG layout, "
-         "roots) holds, and refresh it when not [default: the hook's cache (config.toml inventory-cache) when "
-         "the roots are the configured ones; '' for none].")
+def apply_options(table: Sequence[Option]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Every option of `table` on a command, in the table's order in --help."""
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        for opt in reversed(table):
+            func = click_option(opt)(func)
+        return func
+
+    return decorate
 
 
-def load_inventory(driver_root: str, dev_root: str | None, proc_root: str | None,
-                   discovery: str = "auto", inventory_cache: str | None = "") -> Inventory:
-    """Discover, or with a cache (only for --discovery auto, what the cache holds) load it while it is true."""
-    from gpuhook.discover import Roots, discover
-
-    roots = Roots.make(driver_root, dev_root, proc_root)
-    path = _cache_path(inventory_cache, roots) if discovery == "auto" else ""
-    if path:
-        from gpuhook.discover.cache import inventory
-
-        return inventory(roots, path)
-    return discover(roots, method=discovery)
-
-
-def _cache_path(option: str | None, roots: Roots) -> str:
-    """The cache a command uses: the one given, else the hook's own when it describes these very roots."""
-    if option is not None:
-        return option
-    from gpuhook.discover import Roots
-    from gpuhook.hook.config import load_config
-
-    try:
-        config = load_config(None)
-    except GpuhookError:
-        return ""
-    configured = Roots.make(config.driver_root, config.dev_root or None, config.proc_root)
-    return config.inventory_cache if configured == roots else ""
+root_options = apply_options(ROOT_OPTIONS)  # --driver-root/--dev-root/--proc-root/--discovery
+CACHE_OPTION = click_option(CACHE_OPTION_SPEC)
 
 
 class LazyGroup(click.Group):

@@ -6,97 +6,35 @@ imported inside the commands, so `cdi-hook`, which the runtime runs at every con
 
 from __future__ import annotations
 
-import os
 import sys
 
 import click
 
 from gpuhook.cdi.errors import CdiError
-from gpuhook.cdi.kinds import MODES as KIND_MODES
-from gpuhook.cdi.names import DEFAULT_NAME_STRATEGIES, NAME_STRATEGIES
-from gpuhook.cli.app import CACHE_OPTION, load_inventory, root_options
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from gpuhook.model.inventory import Inventory
-
-
-def default_hook_path() -> str:
-    """The installed `gpuhook` the spec's hooks call (see discover/executables.py); absolute."""
-    from gpuhook.discover.executables import gpuhook_executable
-
-    found = gpuhook_executable()
-    if found is None:
-        raise CdiError(f"cannot find the gpuhook executable next to {sys.executable} or on PATH; pass --hook-path")
-    return found
+from gpuhook.cli.app import apply_options
+from gpuhook.cli.generate import GENERATE_OPTIONS, generate, renderer
 
 
 @click.command("generate-cdi")
-@root_options
-@click.option("--output", "-o", default=None, metavar="FILE",
-              help="Write the spec here (atomically, mode 0644, directory created) instead of stdout.")
-@click.option("--format", "fmt", type=click.Choice(["yaml", "json"]), default=None,
-              help="Output format [default: json for a .json output file, else yaml].")
-@click.option("--vendor", default="nvidia.com", show_default=True, help="Vendor part of the CDI kind.")
-@click.option("--mode", type=click.Choice(KIND_MODES), default="gpu", show_default=True,
-              help="Which kind of spec (one spec per kind, as nvidia-ctk's --mode): GPUs, IMEX channels "
-                   "(nvidia.com/imex-channel), or a gated family (nvidia.com/<mode>=all).")
-@click.option("--class", "cls", default=None,
-              help="Class part of the CDI kind [default: gpu, imex-channel or the mode's name].")
-@click.option("--device-name-strategy", "strategies", multiple=True, type=click.Choice(NAME_STRATEGIES),
-              help="How devices are named; repeatable [default: index and uuid].")
-@click.option("--hook-path", default=None, metavar="PATH",
-              help="gpuhook executable the spec's hooks run [default: the installed gpuhook].")
-@click.option("--cdi-version", default=None, metavar="X.Y.Z",
-              help="Claim this cdiVersion (may raise the computed minimum, never lower it).")
-@click.option("--watch", is_flag=True,
-              help="Keep running: rewrite --output (atomically) whenever the driver version, GPU set or MIG layout "
-                   "changes; SIGTERM/SIGINT stop, SIGHUP regenerates now.")
-@click.option("--poll-interval", type=click.FloatRange(min=0.05), default=10.0, show_default=True, metavar="S",
-              help="With --watch: also check every S seconds (procfs changes send no inotify events).")
-@CACHE_OPTION
+@apply_options(GENERATE_OPTIONS)
 def generate_cdi(driver_root: str, dev_root: str | None, proc_root: str | None, discovery: str,
                  output: str | None, fmt: str | None, mode: str, vendor: str, cls: str | None,
                  strategies: tuple[str, ...], hook_path: str | None, cdi_version: str | None, watch: bool,
                  poll_interval: float, inventory_cache: str | None) -> None:
     """Write a CDI spec for every GPU and MIG device the driver offers (plus `all`), or with --mode for the IMEX
     channels or a gated device family."""
-    from gpuhook.cdi import codec
-    from gpuhook.cdi.kinds import DEFAULT_CLASS, build_mode_spec
-    from gpuhook.cdi.spec import build_spec
-    from gpuhook.cdi.validate import validate_spec
-
-    hook = "" if mode != "gpu" else os.path.abspath(hook_path) if hook_path else default_hook_path()
-
-    def render(inv: Inventory, devices: list[str] | None = None) -> str:
-        if mode != "gpu":
-            spec = build_mode_spec(inv, mode, vendor=vendor, cls=cls, cdi_version=cdi_version)
-        else:
-            spec = build_spec(inv, vendor=vendor, cls=cls or DEFAULT_CLASS[mode],
-                              name_strategies=strategies or DEFAULT_NAME_STRATEGIES, hook_path=hook,
-                              devices=devices, cdi_version=cdi_version)
-        problems = validate_spec(spec, "generated spec", schema=False)
-        if problems:  # a bug here, never the user's: refuse to write a spec runtimes would reject
-            raise CdiError(f"refusing to write an invalid spec: {problems[0]}")
-        return codec.dumps(spec, codec.format_for(output, fmt))
-
-    if watch:
-        if output is None:
-            raise click.UsageError("--watch needs --output FILE")
-        from gpuhook.cdi.watch import watch_spec
-        from gpuhook.discover import Roots
-
-        roots = Roots.make(driver_root, dev_root, proc_root)
-        raise SystemExit(watch_spec(roots, output, render, method=discovery, poll_interval=poll_interval))
-    text = render(load_inventory(driver_root, dev_root, proc_root, discovery, inventory_cache))
-    if output is None:
-        click.echo(text, nl=False)
+    if not watch:
+        generate(driver_root, dev_root, proc_root, discovery, output, fmt, mode, vendor, cls, strategies,
+                 hook_path, cdi_version, inventory_cache)
         return
-    from gpuhook.fileio.atomic import write_atomic
+    render = renderer(output, fmt, mode, vendor, cls, strategies, hook_path, cdi_version)
+    if output is None:
+        raise click.UsageError("--watch needs --output FILE")
+    from gpuhook.cdi.watch import watch_spec
+    from gpuhook.discover import Roots
 
-    if write_atomic(output, text.encode(), 0o644) and not codec.has_spec_extension(output):
-        click.echo(f"gpuhook: note: CDI loaders read only *.yaml and *.json files; {output} will be ignored",
-                   err=True)
+    roots = Roots.make(driver_root, dev_root, proc_root)
+    raise SystemExit(watch_spec(roots, output, render, method=discovery, poll_interval=poll_interval))
 
 
 @click.group()
