@@ -126,6 +126,8 @@ def _check_cache_tmp(rootfs: RootFS) -> None:
 
 def _unescape(field: str) -> str:
     """A mountinfo path field: spaces, tabs, newlines and backslashes are written as octal escapes."""
+    if "\\" not in field:  # the common case, without a regex per line
+        return field
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
@@ -148,6 +150,8 @@ def _remount_nodev(points: list[str]) -> None:
     """In the child's private namespace, add nodev to the rootfs mount and every mount below it."""
     for point in points:
         kept = os.statvfs(point).f_flag & _KEPT_FLAGS
+        if kept & _native.MS_NODEV:  # already nodev (every driver file gpuhook binds is): nothing to change
+            continue
         _native.mount(None, point, None, _native.MS_REMOUNT | _native.MS_BIND | _native.MS_NODEV | kept, None)
 
 
