@@ -300,6 +300,27 @@ def test_lost_gpu_unhealthy_until_back(fake_driver: Any, kubelet: TestKubelet) -
         assert [d.health for d in msg.devices] == ["Healthy", "Healthy"]
 
 
+def test_event_wait_answering_at_once_does_not_spin(fake_driver: Any, kubelet: TestKubelet) -> None:
+    """A driver whose nvmlEventSetWait returns NVML_ERROR_TIMEOUT without blocking: the health thread waits out
+    the rest of its event wait itself (a spinning thread would take the GIL from every RPC), and keeps checking."""
+    config = HealthConfig(recovery_window=0.5, interval=0.05, event_wait_ms=50)
+    fake_driver.set_wait_at_once()
+    with running(fake_driver, kubelet, health_config=config):
+        kubelet.wait_registrations(1)
+        stream = kubelet.stream()
+        stream.first()
+        deadline = time.monotonic() + 10
+        while fake_driver.event_waits() < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        before = fake_driver.event_waits()
+        time.sleep(0.5)
+        waits = fake_driver.event_waits() - before
+        # ~10 waits of 50 ms fit in 0.5 s; a loop that does not wait makes thousands of calls in that time
+        assert 3 <= waits <= 40, waits
+        fake_driver.set_gpu_lost(1)
+        stream.wait_for(lambda m: m.devices[1].health == "Unhealthy")
+
+
 def test_vanished_device_node_unhealthy_until_back(fake_driver_factory: Any, kubelet: TestKubelet) -> None:
     fake = fake_driver_factory(fresh=True)
     node = str(fake.root / "dev" / "nvidia0")

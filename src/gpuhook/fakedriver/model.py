@@ -225,7 +225,7 @@ class FakeDriver(Record):
 
     @property
     def control_dir(self) -> Path:
-        """Where tests steer the NVML mock: xid, fail-init, lost-<index>, registrations."""
+        """Where tests steer the NVML mock: xid, fail-init, lost-<index>, wait-at-once, registrations."""
         return self.root / "run" / "fake-nvml"
 
     def inject_xid(self, gpu_index: int, xid: int, gi: int | None = None, ci: int | None = None) -> None:
@@ -241,6 +241,15 @@ class FakeDriver(Record):
 
     def set_fail_init(self, fail: bool = True) -> None:
         self._flag("fail-init", fail)
+
+    def set_wait_at_once(self, at_once: bool = True) -> None:
+        """nvmlEventSetWait answers NVML_ERROR_TIMEOUT at once, without blocking, and counts its calls."""
+        self._flag("wait-at-once", at_once)
+
+    def event_waits(self) -> int:
+        """How many nvmlEventSetWait calls were answered at once (set_wait_at_once) so far."""
+        path = self.control_dir / "wait-calls"
+        return path.stat().st_size if path.exists() else 0
 
     def registrations(self) -> list[tuple[int, int, int]]:
         """(pid, gpu index, event mask) for every nvmlDeviceRegisterEvents so far."""

@@ -218,12 +218,17 @@ class HealthMonitor:
         wait_s = self.config.event_wait_ms / 1000
         while not self._stop.is_set():
             if event_set is not None:
+                asked = time.monotonic()
                 try:
                     self._on_event(nv, nv.nvmlEventSetWait_v2(event_set, self.config.event_wait_ms))
                 except nv.NVMLError as exc:
                     if _error_name(nv, exc) != "NVML_ERROR_TIMEOUT":
                         log.debug("health: event wait: %s", exc)
                         self._stop.wait(wait_s)
+                    elif (early := wait_s - (time.monotonic() - asked)) > wait_s / 2:
+                        # A "timeout" at once (a driver that does not block): wait out the rest ourselves, or
+                        # this loop would spin and take the GIL from Allocate and ListAndWatch.
+                        self._stop.wait(early)
             else:
                 self._stop.wait(min(wait_s, self.config.interval))
             now = self.clock()
