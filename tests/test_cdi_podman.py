@@ -17,7 +17,7 @@ from support.glibc import glibc_rootfs
 from support.podman import LIST_NODES, Podman, need_podman, parse_nodes
 from support.runc import busybox_rootfs, need_busybox
 
-from gpuhook.cli.cdi import default_hook_path
+from gpuhook.cli.generate import default_hook_path
 from gpuhook.fakedriver import FakeDriver
 
 pytestmark = pytest.mark.e2e

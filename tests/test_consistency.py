@@ -34,7 +34,7 @@ from support.podman import Podman, need_podman
 from support.runc import make_bundle, need_busybox, runc_delete, runc_run, unique_id
 
 from gpuhook import _native
-from gpuhook.cli.cdi import default_hook_path
+from gpuhook.cli.generate import default_hook_path
 from gpuhook.fakedriver import FakeDriver
 
 pytestmark = pytest.mark.e2e

@@ -19,7 +19,7 @@ from support.runc import busybox_rootfs, make_bundle, need_busybox, runc_delete,
 from test_hook_e2e import hook_binary, hooks, write_config
 from test_shim import SHIM, hook_config, run_shim
 
-from gpuhook.cli.cdi import default_hook_path
+from gpuhook.cli.generate import default_hook_path
 from gpuhook.fakedriver import FakeDriver
 
 pytestmark = pytest.mark.e2e

@@ -23,7 +23,7 @@ from support.podman import Podman, need_podman
 from support.realdriver import RealRoot
 from support.runc import make_bundle, need_busybox, runc_delete, runc_run, unique_id
 
-from gpuhook.cli.cdi import default_hook_path
+from gpuhook.cli.generate import default_hook_path
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("no_host_nodes")]
 HOOK_BIN = Path(sys.executable).with_name("gpuhook-hook")
