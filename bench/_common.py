@@ -60,9 +60,22 @@ def parse_args(name: str, doc: str | None, extra: Callable[[argparse.ArgumentPar
     return args
 
 
+def compile_package() -> None:
+    """Write gpuhook's bytecode first, as `pip install` does: an editable install under PYTHONDONTWRITEBYTECODE
+    (or a source tree just edited) would otherwise recompile every changed module at every timed start."""
+    import compileall
+
+    import gpuhook
+
+    folder = os.path.dirname(os.path.abspath(gpuhook.__file__ or ""))
+    if not compileall.compile_dir(folder, quiet=1):
+        raise BenchError(f"cannot byte-compile {folder}")
+
+
 def main_guard(body: Callable[[argparse.Namespace], None], args: argparse.Namespace) -> None:
-    """Run `body`; a BenchError is one line on stderr and exit 1."""
+    """Byte-compile gpuhook, then run `body`; a BenchError is one line on stderr and exit 1."""
     try:
+        compile_package()
         body(args)
     except BenchError as exc:
         print(f"bench/{args.name}.py: {exc}", file=sys.stderr)
