@@ -20,7 +20,7 @@ import sys
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
 DEFAULT_PATH = "/usr/local/bin/gpuhook-hook"
 SHEBANG_MAX = 255  # the kernel reads at most 256 bytes of a "#!" line (Linux >= 5.1; 127 before)
@@ -97,11 +97,18 @@ def cdi_hook(args: Sequence[str]) -> int:
         from gpuhook.cli.app import main as cli_main
 
         return cli_main(["cdi-hook", *args])
-    from gpuhook.errors import GpuhookError
     from gpuhook.inject.containerhooks import container_rootfs, update_container
 
+    return run_lean(lambda: update_container(container_rootfs(sys.stdin.buffer.read()), *parsed))
+
+
+def run_lean(work: Callable[[], object]) -> int:
+    """Run a command's work without click, ending as the click application does (cli/app.main): an expected
+    failure (GpuhookError) is one `gpuhook: ` line on stderr and exit 1, a closed pipe exit 1."""
+    from gpuhook.errors import GpuhookError
+
     try:
-        update_container(container_rootfs(sys.stdin.buffer.read()), *parsed)
+        work()
     except GpuhookError as exc:
         print(f"gpuhook: {exc}", file=sys.stderr)
         return 1

@@ -113,14 +113,7 @@ def lean_main(args: Sequence[str]) -> int | None:
     params = parse_lean(args, GENERATE_OPTIONS)
     if params is None:
         return None
-    from gpuhook.errors import GpuhookError
+    from gpuhook.cli.entry import run_lean
 
     del params["watch"], params["poll_interval"]
-    try:
-        generate(**params)
-    except GpuhookError as exc:
-        print(f"gpuhook: {exc}", file=sys.stderr)
-        return 1
-    except BrokenPipeError:
-        return 1
-    return 0
+    return run_lean(lambda: generate(**params))
