@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from gpuhook.model.record import FrozenInstanceError, Record, as_dict, field, fields, replace
+from gpuhook.model.record import FrozenInstanceError, Record, as_dict, field, replace
 
 
 class Node(Record):
@@ -55,8 +55,7 @@ def _error(make: Any) -> str:
 
 
 def test_fields_defaults_and_classvars() -> None:
-    assert fields(Node) == tuple(f.name for f in dataclasses.fields(DNode))
-    assert Node.__match_args__ == DNode.__match_args__
+    assert Node.__match_args__ == tuple(f.name for f in dataclasses.fields(DNode)) == DNode.__match_args__
     n = Node("/dev/nvidia0", 195)
     assert (n.mode, n.tags, n.salt, n.LIMIT) == (0o666, (), "x", 3)
     assert Node.mode == DNode.mode == 0o666 and Node.salt == "x"  # class attributes keep the plain default

@@ -17,8 +17,6 @@ from gpuhook.cli.options import CACHE_OPTION as CACHE_OPTION_SPEC
 from gpuhook.cli.options import ROOT_OPTIONS, Option
 from gpuhook.errors import GpuhookError
 
-__all__ = ["CACHE_OPTION", "apply_options", "cli", "click_option", "load_inventory", "main", "root_options"]
-
 
 def click_option(opt: Option) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """A click option from its one description (cli/options.py)."""

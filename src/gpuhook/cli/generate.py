@@ -115,5 +115,4 @@ def lean_main(args: Sequence[str]) -> int | None:
         return None
     from gpuhook.cli.entry import run_lean
 
-    del params["watch"], params["poll_interval"]
-    return run_lean(lambda: generate(**params))
+    return run_lean(lambda: generate(**params))  # --watch and --poll-interval are never lean: not in params

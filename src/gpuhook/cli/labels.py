@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from gpuhook.cli.app import load_inventory, root_options
+from gpuhook.cli.app import root_options
+from gpuhook.cli.inventory import load_inventory
 from gpuhook.plugin.devices import MIG_STRATEGIES, Options
 
 

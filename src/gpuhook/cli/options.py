@@ -50,7 +50,7 @@ CACHE_OPTION = Option(
     "the configured ones; '' for none].", metavar="FILE")
 
 def parse_lean(args: Sequence[str], table: Sequence[Option]) -> dict[str, Any] | None:
-    """Every option's value (defaults filled in) when `args` are only plain uses of `table`'s lean options;
+    """The value of every lean option of `table` (defaults filled in) when `args` are only plain uses of them;
     None for anything click should answer."""
     by_flag = {flag: opt for opt in table for flag in opt.flags}
     values: dict[str, Any] = {}
@@ -74,4 +74,4 @@ def parse_lean(args: Sequence[str], table: Sequence[Option]) -> dict[str, Any] |
             return None
         else:
             values[opt.dest] = value
-    return {opt.dest: values.get(opt.dest, opt.default) for opt in table}
+    return {opt.dest: values.get(opt.dest, opt.default) for opt in table if opt.lean}

@@ -8,7 +8,8 @@ import sys
 
 import click
 
-from gpuhook.cli.app import CACHE_OPTION, load_inventory, root_options
+from gpuhook.cli.app import CACHE_OPTION, root_options
+from gpuhook.cli.inventory import load_inventory
 from gpuhook.errors import ConfigError, GpuhookError
 from gpuhook.plugin.devices import ID_STRATEGIES, LIST_STRATEGIES, MIG_STRATEGIES, Options, parse_list_strategies
 from gpuhook.plugin.health import DEFAULT_IGNORED_XIDS, HealthConfig, parse_xids

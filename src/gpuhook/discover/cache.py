@@ -54,7 +54,7 @@ def store(path: str, inv: Inventory) -> None:
 def scan(roots: Roots) -> tuple[Inventory, bool]:
     """A fresh inventory and whether it is stable: the fingerprint taken before the scan equals the one taken
     after it (discover's own), so nothing it describes changed while it was being read."""
-    from gpuhook.discover import discover
+    from gpuhook.discover.scan import discover
 
     for _ in range(SCAN_TRIES):
         before = fingerprint(roots)

@@ -14,7 +14,8 @@ microseconds, and behaves as `@dataclass(frozen=True)` (or `frozen=False`) for e
   `__post_init__()` if the class has one;
 - `==` between instances of the same class compares the fields; a frozen record hashes them and refuses
   assignment and deletion (`FrozenInstanceError`, as dataclasses), a mutable one is unhashable;
-- `repr` is `Name(field=value, ...)`; `as_dict` (recursive, as `dataclasses.asdict`), `replace` and `fields`.
+- `repr` is `Name(field=value, ...)`; `as_dict` (recursive, as `dataclasses.asdict`) and `replace`; the field
+  names, in order, are `__match_args__`.
 
 Type checkers see the generated `__init__` through PEP 681's `dataclass_transform`, applied only while type
 checking so that `typing` stays off the hook's path.
@@ -173,11 +174,6 @@ class Record:
         if self._frozen:
             raise FrozenInstanceError(f"cannot delete field {name!r}")
         object.__delattr__(self, name)
-
-
-def fields(record: Record | type[Record]) -> tuple[str, ...]:
-    """The field names, in order."""
-    return record._fields
 
 
 def replace(record: _R, **changes: Any) -> _R:
