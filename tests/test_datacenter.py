@@ -187,7 +187,8 @@ def test_fingerprint_moves_when_channels_or_rdma_nodes_appear(tmp_path: Path) ->
 
 def test_imex_spec(fake_driver_datacenter: FakeDriver) -> None:
     spec = build_imex_spec(inventory(fake_driver_datacenter))
-    assert spec["kind"] == "nvidia.com/imex-channel" and "containerEdits" not in spec
+    assert spec["kind"] == "nvidia.com/imex-channel"
+    assert spec["containerEdits"] == {"env": ["NVIDIA_VISIBLE_DEVICES=void"]}  # NVIDIA lib-imex_test.go TestImexMode
     assert [d["name"] for d in spec["devices"]] == ["0", "3", "all"]
     three = spec["devices"][1]["containerEdits"]
     host = f"{fake_driver_datacenter.root}/dev/nvidia-caps-imex-channels/channel3"

@@ -238,7 +238,7 @@ def test_explains_an_injection(fake_driver: Any, tmp_path: Path) -> None:
     (["--env", "NVIDIA_VISIBLE_DEVICES=7"], {}, PROBLEM, "the start would fail: unknown device '7' requested",
      "NVIDIA_VISIBLE_DEVICES=<comma list of: 0, GPU-"),
     (["--env", "NVIDIA_VISIBLE_DEVICES=0", "--env", "NVIDIA_REQUIRE_ARCH=arch>=10.0"], {}, PROBLEM,
-     "unsatisfied requirement 'arch>=10.0': arch>=10.0 but the host has arch 9.0 on GPU 0",
+     "unsatisfied requirement 'arch>=10.0': no term holds with cuda 12.4, driver 550.54.15, arch 9.0, brand nvidia",
      "NVIDIA_DISABLE_REQUIRE=true"),
     (["--env", "NVIDIA_VISIBLE_DEVICES=0", "--env", "NVIDIA_DRIVER_CAPABILITIES=compute,warp"], {}, PROBLEM,
      "unknown driver capability 'warp'", "NVIDIA_DRIVER_CAPABILITIES"),

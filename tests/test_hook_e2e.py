@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from support.e2e import need_root, need_tool
 from support.glibc import glibc_rootfs
 from support.hostile import content
@@ -20,6 +21,7 @@ from gpuhook import _native
 
 pytestmark = pytest.mark.e2e
 LIBDIR = "usr/lib/x86_64-linux-gnu"
+DATA = Path(__file__).parent / "data"
 
 
 def hook_binary() -> str:
@@ -189,7 +191,64 @@ def test_utility_only(e2e: Path, fake_driver: Any) -> None:
 def test_failed_requirement_fails_the_start(e2e: Path, fake_driver: Any) -> None:
     result, _ = run(e2e, fake_driver, ["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_REQUIRE_CUDA=cuda>=99.0"])
     assert result.returncode != 0
-    assert "unsatisfied requirement 'cuda>=99.0'" in result.stderr and "host has cuda 12.4" in result.stderr
+    assert "unsatisfied requirement 'cuda>=99.0'" in result.stderr and "with cuda 12.4" in result.stderr
+
+
+def _image_env(name: str) -> list[str]:
+    image = next(i for i in yaml.safe_load((DATA / "cuda_images.yaml").read_text())["images"] if i["image"] == name)
+    return [f"{k}={v}" for k, v in image["env"].items()]
+
+
+@pytest.mark.parametrize(("driver", "cuda", "starts"), [
+    ("525.147.05", "12.0", True),  # CUDA forward compatibility: brand=nvidia,driver>=525,driver<526
+    ("510.108.03", "11.6", False),  # no term holds: 11.6 < 12.2 and 510 is no listed branch
+])  # fmt: skip
+def test_published_cuda_image_on_driver_branches(e2e: Path, fake_driver_factory: Any, driver: str, cuda: str,
+                                                 starts: bool) -> None:
+    """tests/data/cuda_images.yaml's nvidia/cuda:12.2.2 environment through runc and the real hook."""
+    fake = fake_driver_factory(1, driver_version=driver, cuda_version=cuda)
+    env = [*_image_env("nvidia/cuda:12.2.2-base-ubuntu22.04"), "NVIDIA_VISIBLE_DEVICES=all"]
+    result, _ = run(e2e, fake, env)
+    if starts:
+        assert result.returncode == 0, result.stderr
+        assert "nvidia0" in nodes(result.stdout)
+        return
+    assert result.returncode != 0
+    line = result.stderr.strip().splitlines()[-1]
+    assert "unsatisfied requirement 'cuda>=12.2 brand=tesla,driver>=450,driver<451" in line
+    assert f"no term holds with cuda {cuda}, driver {driver}" in line
+
+
+@pytest.mark.parametrize("destination", [
+    "/var/run/nvidia-container-devices/cdi/nvidia.com/gpu/1",  # the kind-style form
+    "/var/run/nvidia-container-devices/cdi/nvidia.com/gpu=1",
+    "/var/run/nvidia-container-devices/nvidia.com/gpu=1",
+])  # fmt: skip
+def test_volume_mount_cdi_forms(e2e: Path, fake_driver: Any, destination: str) -> None:
+    """NVIDIA's cuda_image.go mount forms: the id is the whole path below the folder; a CDI name is resolved."""
+    mount = {"destination": destination, "source": "/dev/null", "type": "bind", "options": ["bind", "ro"]}
+    result, _ = run(e2e, fake_driver, [], {"accept_volume_mounts": True}, mounts=[mount])
+    assert result.returncode == 0, result.stderr
+    assert nodes(result.stdout) == ["nvidia-uvm", "nvidia-uvm-tools", "nvidia1", "nvidiactl"]
+
+
+def test_cdi_annotation_without_kind_and_unknown_name(e2e: Path, fake_driver: Any) -> None:
+    """NVIDIA's cdi_test.go: a bare name is nvidia.com/gpu=<name>; one that names no device fails the start."""
+    config = write_config(e2e, Path(fake_driver.root))
+    for value, ok in (("1", True), ("example.com/device", False)):
+        rootfs = glibc_rootfs(e2e / "bundle", probe_cache=e2e.parent / "probe")
+        bundle = make_bundle(e2e / "bundle", rootfs, ["sh", "-c", PROBE], env=[], hooks=hooks(config))
+        spec = json.loads((bundle / "config.json").read_text())
+        spec["annotations"] = {"cdi.k8s.io/gpuhook_gpu": value}
+        (bundle / "config.json").write_text(json.dumps(spec))
+        result = runc_run(bundle, unique_id("ann"))
+        if ok:
+            assert result.returncode == 0, result.stderr
+            assert "nvidia1" in nodes(result.stdout) and "nvidia0" not in nodes(result.stdout)
+        else:
+            assert result.returncode != 0
+            assert "unknown device 'example.com/device' requested (cdi-annotations)" in result.stderr
+        shutil.rmtree(e2e / "bundle")
 
 
 def test_unknown_device_fails_naming_it(e2e: Path, fake_driver: Any) -> None:

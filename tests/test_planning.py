@@ -9,7 +9,7 @@ from gpuhook.errors import RequestError, RequirementError
 from gpuhook.model.edits import ALL_CAPABILITIES, common_edits, device_edits, plan
 from gpuhook.model.inventory import Gpu, Inventory, MigDevice
 from gpuhook.model.request import parse_request
-from gpuhook.model.requirements import check, parse_constraint
+from gpuhook.model.requirements import check, evaluate, parse_condition, terms
 from gpuhook.model.selection import resolve
 
 
@@ -131,11 +131,13 @@ def test_mig_control_nodes_when_requested(inv: Inventory) -> None:
 
 
 def test_constraint_grammar() -> None:
-    parsed = parse_constraint("cuda>=12.0 brand=tesla,brand=nvidia")
-    assert [[str(c) for c in alt] for alt in parsed] == [["cuda>=12.0"], ["brand=tesla", "brand=nvidia"]]
-    for bad in ("cuda=>12", "foo>=1", "brand>=x", "cuda>=abc"):
-        with pytest.raises(RequestError):
-            parse_constraint(bad)
+    """Space separates terms (OR), comma factors (AND): NVIDIA's factory.go and dsl.c."""
+    assert terms("cuda>=12.0 brand=tesla,driver>=535  ,") == [["cuda>=12.0"], ["brand=tesla", "driver>=535"], []]
+    assert str(parse_condition("CUDA>=12.0")) == "cuda>=12.0"  # keys are case-insensitive in dsl.c
+    assert parse_condition("cuda!12").op == "!="  # dsl.c matches a lone '!' as '!='
+    for bad in ("cuda=>12", "foo>=1", "brand>=x", "cuda>=abc", "cuda>=", ">=12", "cuda==12", "cuda>=1.2-rc"):
+        with pytest.raises(RequestError, match="invalid requirement"):
+            parse_condition(bad)
 
 
 @pytest.mark.parametrize(
@@ -144,15 +146,22 @@ def test_constraint_grammar() -> None:
         ("cuda>=12.0", True),
         ("cuda>=12.4", True),
         ("cuda>12.4", False),
+        ("cuda!=12.4", False),
+        ("cuda!=12.3", True),
         ("cuda<13", True),
         ("driver>=550", True),
         ("driver<550.54.15", False),
+        ("driver=550.54.15.0", True),
         ("arch>=9.0", True),
         ("arch<8.0", False),
-        ("brand=tesla,brand=nvidia", True),
+        ("brand=tesla,brand=nvidia", False),  # AND: one board is not both
+        ("brand=tesla brand=nvidia", True),  # OR
+        ("brand!=geforce", True),
         ("brand=geforce", False),
         ("cuda>=12.0 arch>=9.0 brand=NVIDIA", True),
-        ("cuda>=12.0 arch>=10.0", False),
+        ("cuda>=13.0 arch>=10.0", False),
+        ("cuda>=13.0 arch>=10.0 driver>=550,driver<551", True),
+        ("cuda>=13.0 driver>=550,arch>=10.0", False),
     ],
 )
 def test_requirements(inv: Inventory, constraint: str, ok: bool) -> None:
@@ -162,7 +171,20 @@ def test_requirements(inv: Inventory, constraint: str, ok: bool) -> None:
     else:
         with pytest.raises(RequirementError, match="unsatisfied requirement") as err:
             check(inv, (constraint,), devices)
-        assert "host has" in str(err.value)
+        assert "cuda 12.4, driver 550.54.15, arch 9.0, brand nvidia on GPU 0" in str(err.value)
+
+
+def test_first_term_that_holds_decides(inv: Inventory) -> None:
+    """dsl.c parses a factor only when it reaches it: an unknown key after a term that holds is never read, one
+    that is reached is an invalid requirement, never skipped."""
+    devices = select(inv, "0").devices
+    check(inv, ("cuda>=11.6 foo=bar",), devices)
+    with pytest.raises(RequestError, match="invalid requirement 'foo=bar'"):
+        check(inv, ("cuda>=13.0 foo=bar",), devices)
+    with pytest.raises(RequestError, match="unknown key 'foo'"):
+        check(inv, ("foo=45",), devices)
+    outcome = evaluate(inv, "cuda>=13.0 brand=tesla,driver>=550 brand=nvidia,driver>=550", inv.gpus[0])
+    assert outcome.held and outcome.term == 2 and outcome.deciding_term == "brand=nvidia,driver>=550"
 
 
 def test_requirement_on_mig_device_uses_parent_arch(inv: Inventory) -> None:
@@ -171,7 +193,7 @@ def test_requirement_on_mig_device_uses_parent_arch(inv: Inventory) -> None:
         check(inv, ("arch>=9.1",), select(inv, "2:0").devices)
 
 
-@pytest.mark.parametrize("constraint", ["cuda>=12.0", "cuda<99", "arch>=9.0 cuda>=11.0,cuda>=12.0"])
+@pytest.mark.parametrize("constraint", ["cuda>=12.0", "cuda<99", "arch>=10.0 cuda>=11.0,cuda>=12.0"])
 def test_requirement_on_unknown_cuda_version_fails_never_passes(inv: Inventory, constraint: str) -> None:
     """Procfs discovery with no answer from libcuda leaves the CUDA version unknown: the start is refused."""
     inv.cuda_version = ""

@@ -31,7 +31,9 @@ from gpuhook.model.request import (
         ("0,0", ("list", ("0",))),
         ("0,all", ("all", ())),
         ("none,all", ("none", ())),
-        ("all,none", ("none", ())),  # void > none > all wherever they stand (NVIDIA's devices.go)
+        ("all,none", ("all", ())),  # void anywhere, else the first of all/none (NVIDIA end to end)
+        ("none,0", ("none", ())),
+        ("1,all", ("all", ())),
         ("all,void", ("void", ())),
         ("none,void", ("void", ())),
         ("0,none", ("none", ())),

@@ -265,6 +265,30 @@ def test_huge_request_is_refused_in_one_bounded_line(tmp_path: Path, fake_driver
     assert not (tmp_path / "argv").exists()
 
 
+@pytest.mark.parametrize(("driver", "cuda", "starts"), [("525.147.05", "12.0", True), ("510.108.03", "11.6", False)])
+def test_published_cuda_image_through_the_shim(tmp_path: Path, fake_driver_factory: Any, driver: str, cuda: str,
+                                               starts: bool) -> None:
+    """The CUDA 12.2.2 image's NVIDIA_REQUIRE_CUDA decides at the shim's door as at the hook's (forward
+    compatibility on a 525 driver; refused on 510), its GPU asked for by a CDI annotation without a kind."""
+    import yaml
+
+    images = yaml.safe_load((Path(__file__).parent / "data" / "cuda_images.yaml").read_text())["images"]
+    image = next(i for i in images if i["image"] == "nvidia/cuda:12.2.2-base-ubuntu22.04")
+    fake = fake_driver_factory(1, driver_version=driver, cuda_version=cuda)
+    bundle = bundle_with(tmp_path, [f"{k}={v}" for k, v in image["env"].items()])
+    config = json.loads((bundle / "config.json").read_text())
+    config["annotations"] = {"cdi.k8s.io/gpuhook_gpu": "0"}
+    (bundle / "config.json").write_text(json.dumps(config))
+    result = run_shim(tmp_path, ["create", "--bundle", str(bundle), "c1"], hook_config(tmp_path, fake.root))
+    if starts:
+        assert result.returncode == 7, result.stderr  # the real runtime was exec'd
+        paths = [d["path"] for d in json.loads((bundle / "config.json").read_text())["linux"]["devices"]]
+        assert "/dev/nvidia0" in paths
+    else:
+        assert result.returncode == 1 and result.stderr.count("\n") == 1
+        assert f"no term holds with cuda {cuda}, driver {driver}" in result.stderr
+
+
 def test_gpu_request_rewrites_then_execs_with_the_same_argv(tmp_path: Path, fake_driver: Any) -> None:
     bundle = bundle_with(tmp_path, ["NVIDIA_VISIBLE_DEVICES=1"])
     mode = 0o600

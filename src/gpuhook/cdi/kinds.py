@@ -1,9 +1,12 @@
 """Specs for the datacenter kinds, one spec per kind as `nvidia-ctk cdi generate --mode=<mode>` writes them.
 
 `imex`: kind nvidia.com/imex-channel, a device per channel node present (named by its number, as nvidia-ctk's
-pkg/nvcdi/lib-imex.go) plus `all`. `nvswitch`, `gds`, `mofed`, `gdrcopy`: kind nvidia.com/<mode>, one device
-`all` (nvidia-ctk's pkg/nvcdi/gated.go). No spec-wide edits: these devices are asked for next to a GPU, whose
-spec carries the driver files. The content comes from the planning model (edits.imex_edits, edits.gated_edits).
+pkg/nvcdi/lib-imex.go) plus `all` (gpuhook's addition), and spec-wide `NVIDIA_VISIBLE_DEVICES=void`, as NVIDIA's:
+a container that asks for a channel alone must not get GPUs from a hook or runtime reading its environment (a
+legacy CUDA image asks for every GPU without that variable). `nvswitch`, `gds`, `mofed`, `gdrcopy`: kind
+nvidia.com/<mode>, one device `all` (nvidia-ctk's pkg/nvcdi/gated.go), no spec-wide edits: these are asked for
+next to a GPU, whose spec carries the driver files. The content comes from the planning model (edits.imex_edits,
+edits.gated_edits).
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from gpuhook.cdi import names, version
 from gpuhook.cdi.errors import CdiError
 from gpuhook.cdi.spec import ALL_DEVICE, choose_version, render_edits
 from gpuhook.model import catalogue
-from gpuhook.model.contract import IMEX_CDI_CLASS
+from gpuhook.model.contract import IMEX_CDI_CLASS, VISIBLE_DEVICES
 from gpuhook.model.edits import ContainerEdits, gated_edits, imex_edits
 from gpuhook.model.inventory import Inventory
 
@@ -28,13 +31,16 @@ DEFAULT_CLASS: dict[str, str] = {GPU_MODE: "gpu", IMEX_MODE: IMEX_CDI_CLASS,
                                  **{family.name: family.name for family in catalogue.GATED}}
 
 
-def _spec(kind: str, devices: list[tuple[str, ContainerEdits]], cdi_version: str | None) -> dict[str, Any]:
+def _spec(kind: str, devices: list[tuple[str, ContainerEdits]], cdi_version: str | None,
+          env: tuple[str, ...] = ()) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "cdiVersion": version.EARLIEST,
         "kind": kind,
         # rendered afresh for each device: a shared object would come out as a YAML alias
         "devices": [{"name": name, "containerEdits": render_edits(edits, "/")} for name, edits in devices],
     }
+    if env:
+        spec["containerEdits"] = {"env": list(env)}
     spec["cdiVersion"] = choose_version(spec, cdi_version)
     return spec
 
@@ -48,7 +54,8 @@ def build_imex_spec(inv: Inventory, *, vendor: str = "nvidia.com", cls: str = IM
         raise CdiError(f"no IMEX channels under {inv.dev_root}{catalogue.IMEX_CHANNEL_DIR} ({why}): "
                        "a CDI spec needs at least one device")
     devices = [(n.path.rsplit(catalogue.IMEX_CHANNEL_PREFIX, 1)[-1], imex_edits([n])) for n in inv.imex_channels]
-    return _spec(kind, [*devices, (ALL_DEVICE, imex_edits(inv.imex_channels))], cdi_version)
+    return _spec(kind, [*devices, (ALL_DEVICE, imex_edits(inv.imex_channels))], cdi_version,
+                 (f"{VISIBLE_DEVICES}=void",))
 
 
 def build_gated_spec(inv: Inventory, mode: str, *, vendor: str = "nvidia.com", cls: str | None = None,

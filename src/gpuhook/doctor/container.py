@@ -58,7 +58,7 @@ def from_bundle(path: str) -> ContainerInput:
     linux = bundle.config.get("linux")
     devices = linux.get("devices") if isinstance(linux, dict) else None
     return ContainerInput(f"bundle {path}", tuple(bundle.env), tuple(bundle.mounts), bundle.annotations,
-                          is_privileged(bundle.process),
+                          is_privileged(bundle.process, bundle.oci_version),
                           tuple(d for d in devices if isinstance(d, dict)) if isinstance(devices, list) else ())
 
 

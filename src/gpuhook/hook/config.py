@@ -33,7 +33,14 @@ _FIELDS: dict[str, tuple[type, Any]] = {
     "disable_require": (bool, False),
     "supported_capabilities": (tuple, None),
     "inventory_cache": (str, "/run/gpuhook/inventory.json"),  # empty: rediscover on every start
+    # NVIDIA's swarm-resource: a comma list of variables (DOCKER_RESOURCE_GPUS…) that name the devices when set
+    "swarm_resource": (str, ""),
+    "annotation_prefixes": (list, ("cdi.k8s.io/",)),  # NVIDIA's modes.cdi.annotation-prefixes
 }
+# NVIDIA's own spellings, accepted so that a config.toml carried over from the toolkit means the same here.
+_ALIASES = {"supported_driver_capabilities": "supported_capabilities",
+            "accept_nvidia_visible_devices_as_volume_mounts": "accept_volume_mounts",
+            "accept_nvidia_visible_devices_envvar_when_unprivileged": "accept_envvar_unprivileged"}
 
 
 class Config:
@@ -41,7 +48,8 @@ class Config:
     in equality. A plain class, not a dataclass: see the module docstring."""
 
     __slots__ = ("driver_root", "dev_root", "proc_root", "ldconfig", "log_file", "accept_envvar_unprivileged",
-                 "accept_volume_mounts", "disable_require", "_supported_capabilities", "inventory_cache", "source")
+                 "accept_volume_mounts", "disable_require", "_supported_capabilities", "inventory_cache",
+                 "swarm_resource", "annotation_prefixes", "source")
     driver_root: str
     dev_root: str
     proc_root: str
@@ -52,6 +60,8 @@ class Config:
     disable_require: bool
     _supported_capabilities: tuple[str, ...] | None
     inventory_cache: str
+    swarm_resource: str
+    annotation_prefixes: tuple[str, ...]
     source: str
 
     def __init__(self, source: str = "(defaults)", **values: Any) -> None:
@@ -95,14 +105,40 @@ class Config:
             accept_volume_mounts=self.accept_volume_mounts,
             disable_require=self.disable_require,
             supported_capabilities=frozenset(self.supported_capabilities),
+            swarm_resource=tuple(v for v in (v.strip() for v in self.swarm_resource.split(",")) if v),
+            annotation_prefixes=tuple(self.annotation_prefixes),
         )
 
 
-def _convert(path: str, key: str, value: object) -> object:
+def _attribute(key: str) -> str:
     attr = key.replace("-", "_")
+    return _ALIASES.get(attr, attr)
+
+
+def _capability_words(path: str, key: str, value: str) -> tuple[str, ...] | None:
+    """NVIDIA's supported-driver-capabilities: a comma list, `all` for every one (None), empty for none."""
+    words = [w.strip() for w in value.split(",") if w.strip()]
+    return None if "all" in words else _capabilities(path, key, words)
+
+
+def _capabilities(path: str, key: str, words: list[str]) -> tuple[str, ...]:
+    from gpuhook.model import catalogue
+
+    unknown = [v for v in words if v not in catalogue.CAPABILITIES]
+    if unknown:
+        raise ConfigError(f"{path}: {key}: unknown capability {unknown[0]!r}")
+    return tuple(words)
+
+
+def _convert(path: str, key: str, value: object) -> object:
+    attr = _attribute(key)
     if attr not in _FIELDS:
         raise ConfigError(f"{path}: unknown key {key!r}")
     kind = _FIELDS[attr][0]
+    if key.replace("-", "_") == "supported_driver_capabilities":  # NVIDIA's form: a string, not a list
+        if not isinstance(value, str):
+            raise ConfigError(f"{path}: {key} must be a string (a comma list), not {value!r}")
+        return _capability_words(path, key, value)
     if kind is bool:
         if not isinstance(value, bool):
             raise ConfigError(f"{path}: {key} must be true or false, not {value!r}")
@@ -113,12 +149,9 @@ def _convert(path: str, key: str, value: object) -> object:
         return value
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise ConfigError(f"{path}: {key} must be a list of strings, not {value!r}")
-    from gpuhook.model import catalogue
-
-    unknown = [v for v in value if v not in catalogue.CAPABILITIES]
-    if unknown:
-        raise ConfigError(f"{path}: {key}: unknown capability {unknown[0]!r}")
-    return tuple(value)
+    if kind is list:
+        return tuple(value)
+    return _capabilities(path, key, value)
 
 
 # The TOML subset read without tomllib (nor `re`): one `bare-key = value` per line, value a string without
@@ -217,7 +250,7 @@ def _parse_toml(text: str, path: str) -> dict[str, object]:
 
 def parse_config(text: str, path: str = "<config>") -> Config:
     data = _parse_toml(text, path)
-    values = {key.replace("-", "_"): _convert(path, key, value) for key, value in data.items()}
+    values = {_attribute(key): _convert(path, key, value) for key, value in data.items()}
     return Config(source=path, **values)
 
 

@@ -46,11 +46,13 @@ def run(state_text: bytes, config: Config) -> str:
     state = parse_state(state_text)
     bundle = load_bundle(state.bundle)
     annotations = {**bundle.annotations, **state.annotations}
-    if not contract.has_gpu_signal(bundle.env, bundle.mounts, annotations):
+    if not contract.has_gpu_signal(bundle.env, bundle.mounts, annotations, config.swarm_resource,
+                                   tuple(config.annotation_prefixes)):
         return f"{state.id} skip request=unset"
     from gpuhook.model.request import is_privileged, parse_request
 
-    request = parse_request(bundle.env, bundle.mounts, annotations, is_privileged(bundle.process), config.policy)
+    privileged = is_privileged(bundle.process, bundle.oci_version)
+    request = parse_request(bundle.env, bundle.mounts, annotations, privileged, config.policy)
     notes = "".join(f" ({n})" for n in request.notes)
     if not request.wants_gpu_setup:
         return f"{state.id} skip request={request.kind}{notes}"

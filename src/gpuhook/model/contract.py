@@ -29,13 +29,18 @@ GATED_DEVICE_ENV: dict[str, str] = {
 }
 
 
-def has_gpu_signal(env: list[str], mounts: list[dict[str, object]], annotations: dict[str, str]) -> bool:
-    """Whether anything could make this a GPU container: the env var, a legacy CUDA image's CUDA_VERSION, a device
-    volume mount, a CDI annotation. Without any, request.parse_request answers "unset" under every policy, so the
-    hook stops here without loading the parser; with one, the parser decides."""
-    if any(e.startswith((VISIBLE_DEVICES + "=", LEGACY_CUDA_VERSION + "=")) for e in env):
+def has_gpu_signal(env: list[str], mounts: list[dict[str, object]], annotations: dict[str, str],
+                   swarm_resource: str = "", annotation_prefixes: tuple[str, ...] = (CDI_ANNOTATION_PREFIX,)) -> bool:
+    """Whether anything could make this a GPU container: the env var (or a configured swarm-resource variable),
+    a legacy CUDA image's CUDA_VERSION, a device volume mount, a CDI annotation. Without any, request.parse_request
+    answers "unset" under every policy, so the hook stops here without loading the parser; with one, the parser
+    decides."""
+    names = [VISIBLE_DEVICES, LEGACY_CUDA_VERSION, *(v.strip() for v in swarm_resource.split(",") if v.strip())]
+    starts = tuple(name + "=" for name in names)
+    if any(e.startswith(starts) for e in env):
         return True
-    if any(k.startswith(CDI_ANNOTATION_PREFIX) for k in annotations):
+    if annotation_prefixes and any(k.startswith(annotation_prefixes) for k in annotations):
         return True
-    prefix = VOLUME_MOUNT_DIR + "/"
-    return any(isinstance(m.get("destination"), str) and str(m.get("destination")).startswith(prefix) for m in mounts)
+    # Any destination naming the folder (the parser cleans paths as Go's filepath.Clean does: `//var/run/…/0`)
+    folder = VOLUME_MOUNT_DIR.rsplit("/", 1)[1]
+    return any(isinstance(m.get("destination"), str) and folder in str(m.get("destination")) for m in mounts)

@@ -30,13 +30,16 @@ from gpuhook.model.contract import (  # noqa: F401 - re-exported: the contract's
 )
 from gpuhook.model.record import Record, field
 
-SPECIAL_WORDS = ("void", "none", "all")  # in precedence order: the first one present anywhere in a list wins
-JETPACK_REQUIREMENT = f"{REQUIRE_PREFIX}JETPACK"  # a Jetson board requirement, not a driver constraint
+SPECIAL_WORDS = ("void", "none", "all")
+JETPACK_REQUIREMENT = f"{REQUIRE_PREFIX}JETPACK"  # a prefix: NVIDIA_REQUIRE_JETPACK* are Jetson board settings
 TRUE_WORDS = ("1", "t", "T", "TRUE", "true", "True")  # Go's strconv.ParseBool; anything else is false
 # Bounds on one request, checked before any per-item work: an image or a pod spec chooses these values, and the
-# hook runs on every container start. No real container names thousands of GPUs.
+# hook runs on every container start. No real container names thousands of GPUs or constraints.
 MAX_IDS = 4096
 MAX_VALUE_CHARS = 256 * 1024
+MAX_CONDITIONS = 4096  # NVIDIA_REQUIRE_* factors of one container, all variables together
+CDI_VOLUME_PREFIX = "cdi/"  # …/nvidia-container-devices/cdi/<vendor>/<class>/<name>: a CDI device by mount
+IMEX_VOLUME_PREFIX = "imex/"
 
 
 class Request(Record):
@@ -52,6 +55,7 @@ class Request(Record):
     notes: tuple[str, ...] = field(default=())
     imex_channels: tuple[str, ...] = ()  # channel numbers as decimal text, or ("all",)
     gated: tuple[str, ...] = ()  # contract.GATED_DEVICE_ENV names whose variable is `enabled`
+    foreign_cdi: tuple[str, ...] = ()  # CDI names of other kinds in the annotations: the runtime's to inject
 
     @property
     def wants_gpu_setup(self) -> bool:
@@ -63,6 +67,10 @@ class Policy(Record):
     accept_volume_mounts: bool = False  # NVIDIA's accept-nvidia-visible-devices-as-volume-mounts default
     disable_require: bool = False
     supported_capabilities: frozenset[str] = frozenset(catalogue.CAPABILITIES)
+    # NVIDIA's swarm-resource: variables (DOCKER_RESOURCE_GPUS…) that, when present, name the devices instead of
+    # NVIDIA_VISIBLE_DEVICES, their lists concatenated.
+    swarm_resource: tuple[str, ...] = ()
+    annotation_prefixes: tuple[str, ...] = (CDI_ANNOTATION_PREFIX,)  # NVIDIA's modes.cdi.annotation-prefixes
 
 
 def env_map(env: Iterable[str]) -> dict[str, str]:
@@ -91,26 +99,45 @@ def split_ids(name: str, value: str) -> list[str]:
 
 
 def parse_visible_devices(value: str | None, name: str = VISIBLE_DEVICES) -> tuple[str, tuple[str, ...]]:
-    """(kind, device ids). Special words win wherever they stand, void > none > all (NVIDIA's
-    internal/config/image/devices.go): `all,void` is void, `all,none` none, `0,all` all. Empty is void."""
+    """(kind, device ids), as NVIDIA's hook reads the list (internal/config/image: devicesFromEnvvars, then
+    NewVisibleDevices item by item): `void` anywhere leaves the container alone; otherwise the first of `all` and
+    `none` in the list decides (`0,none` and `none,all` are none, `1,all` and `all,none` all). Empty is void."""
     if value is None:
         return "unset", ()
-    ids = split_ids(name, value)
-    if not ids:
+    return _ids_kind(split_ids(name, value))
+
+
+def _ids_kind(ids: list[str]) -> tuple[str, tuple[str, ...]]:
+    if not ids or "void" in ids:
         return "void", ()
-    present = set(ids)
-    for word in SPECIAL_WORDS:
-        if word in present:
-            return word, ()
+    for item in ids:
+        if item in ("all", "none"):
+            return item, ()
     return "list", tuple(ids)
+
+
+def visible_devices(env: Mapping[str, str], swarm_resource: Sequence[str] = ()) -> tuple[str, tuple[str, ...]]:
+    """The device list the environment asks for: the swarm-resource variables that are present (their items
+    concatenated), else NVIDIA_VISIBLE_DEVICES (NVIDIA's visibleEnvVars)."""
+    present = [var for var in swarm_resource if var in env]
+    if not present:
+        return parse_visible_devices(env.get(VISIBLE_DEVICES))
+    ids: list[str] = []
+    for var in present:
+        ids.extend(split_ids(var, env[var]))
+        if len(ids) > MAX_IDS:
+            raise RequestError(f"{', '.join(present)} name more than {MAX_IDS} devices")
+    return _ids_kind(list(dict.fromkeys(ids)))
 
 
 def parse_capabilities(
     value: str | None, supported: frozenset[str] = frozenset(catalogue.CAPABILITIES)
 ) -> frozenset[str]:
-    """Unset or empty: the defaults the host supports (utility,compute). See `request_capabilities` for the
-    legacy-image rule, which needs to know whether the variable is set at all."""
-    if value is None or not value.strip():
+    """Unset or empty: the defaults the host supports (utility,compute). A value of only blanks and commas names
+    no capability and gets none, as NVIDIA's hook (getDriverCapabilities intersects the supported set with the
+    empty set it parses). See `request_capabilities` for the legacy-image rule, which needs to know whether the
+    variable is set at all."""
+    if not value:
         return frozenset(catalogue.DEFAULT_CAPABILITIES) & supported
     if len(value) > MAX_VALUE_CHARS:
         raise RequestError(f"{DRIVER_CAPABILITIES} is {len(value)} characters: {clip(value)}")
@@ -166,16 +193,41 @@ def legacy_cuda_version(value: str) -> str:
 
 
 def requirement_keys(env: Mapping[str, str]) -> list[str]:
-    """The NVIDIA_REQUIRE_* variables that carry a constraint (JETPACK is not one), sorted."""
-    return sorted(k for k, v in env.items() if k.startswith(REQUIRE_PREFIX) and k != JETPACK_REQUIREMENT and v.strip())
+    """The NVIDIA_REQUIRE_* variables that carry a constraint, sorted: every name starting with
+    NVIDIA_REQUIRE_JETPACK is a Jetson setting, not a constraint (NVIDIA's GetRequirements), and a value of only
+    separators asks nothing (dsl.c finds no factor in it)."""
+    return sorted(k for k, v in env.items()
+                  if k.startswith(REQUIRE_PREFIX) and not k.startswith(JETPACK_REQUIREMENT) and v.strip(" ,"))
 
 
 def requirements(env: Mapping[str, str], legacy: bool) -> tuple[str, ...]:
-    """The NVIDIA_REQUIRE_* constraints (JETPACK excepted), plus a legacy image's implicit cuda>=X.Y."""
-    found = [env[key].strip() for key in requirement_keys(env)]
+    """The NVIDIA_REQUIRE_* constraints, values as written, plus a legacy image's implicit cuda>=X.Y.
+
+    Bounded before anything is split: each value at MAX_VALUE_CHARS, all of them together at MAX_CONDITIONS
+    factors (counted in one pass), so the check that follows is linear and small whatever the image says."""
+    from gpuhook.model.requirements import count_conditions
+
+    found, total = [], 0
+    for key in requirement_keys(env):
+        value = env[key]
+        if len(value) > MAX_VALUE_CHARS:
+            raise RequestError(f"{key} is {len(value)} characters, more than {MAX_VALUE_CHARS}: {clip(value)}")
+        total += count_conditions(value)
+        if total > MAX_CONDITIONS:
+            raise RequestError(f"NVIDIA_REQUIRE_* hold more than {MAX_CONDITIONS} conditions "
+                               f"(at {key}={clip(value)})")
+        found.append(value)
     if legacy:
         found.append(f"cuda>={legacy_cuda_version(env[LEGACY_CUDA_VERSION])}")
     return tuple(found)
+
+
+def checked_requirements(env: Mapping[str, str], policy: Policy = Policy()) -> tuple[str, ...]:
+    """The constraints a start checks: none under NVIDIA_DISABLE_REQUIRE or disable-require (NVIDIA's
+    GetRequirements, which then never reads CUDA_VERSION either)."""
+    if policy.disable_require or is_true(env.get(DISABLE_REQUIRE)):
+        return ()
+    return requirements(env, is_legacy_image(env))
 
 
 def is_legacy_image(env: Mapping[str, str]) -> bool:
@@ -184,49 +236,117 @@ def is_legacy_image(env: Mapping[str, str]) -> bool:
     return bool(env.get(LEGACY_CUDA_VERSION)) and not env.get(f"{REQUIRE_PREFIX}CUDA")
 
 
-def volume_mount_devices(mounts: Sequence[Mapping[str, object]]) -> tuple[str, ...]:
-    """Device ids from mounts of /dev/null at /var/run/nvidia-container-devices/<id> (the kubelet plugin's form).
+def clean_path(path: str) -> str:
+    """Go's filepath.Clean, which NVIDIA applies to mount paths: posixpath.normpath, but `//x` is `/x` too."""
+    cleaned = posixpath.normpath(path)
+    return "/" + cleaned.lstrip("/") if cleaned.startswith("//") else cleaned
 
-    Only a /dev/null source counts, as in NVIDIA's getDevicesFromMounts: any other mount there is the image's or
-    the user's own and requests nothing."""
-    ids: dict[str, None] = {}
+
+def _requests_from_mounts(mounts: Sequence[Mapping[str, object]]) -> list[str]:
+    """Everything below /var/run/nvidia-container-devices/ that a /dev/null mount names, in order, each cleaned
+    destination once (NVIDIA's requestsFromMounts; only a /dev/null source counts: any other mount there is the
+    image's or the user's own). The id is the whole path below the folder and may hold `/` (`GPU0-MIG0/0/1`)."""
+    seen: dict[str, None] = {}
+    out: list[str] = []
     prefix = VOLUME_MOUNT_DIR + "/"
     for m in mounts:
         dest, source = m.get("destination"), m.get("source")
-        if not isinstance(dest, str) or not isinstance(source, str) or posixpath.normpath(source) != "/dev/null":
+        if not isinstance(dest, str) or not isinstance(source, str) or clean_path(source) != "/dev/null":
             continue
-        if not dest.startswith(prefix):
+        dest = clean_path(dest)
+        if dest in seen or not dest.startswith(prefix):
             continue
-        dev = dest[len(prefix) :].strip("/")
-        if dev and "/" not in dev:
-            ids[dev] = None
-            if len(ids) > MAX_IDS:
+        seen[dest] = None
+        device = dest[len(prefix):].strip("/")
+        if device:
+            out.append(device)
+            if len(out) > MAX_IDS:
                 raise RequestError(f"more than {MAX_IDS} device mounts under {VOLUME_MOUNT_DIR}")
+    return out
+
+
+def cdi_mount_name(request: str) -> str | None:
+    """`cdi/<vendor>/<class>/<name>` or `cdi/<vendor>/<class>=<name>` to the qualified CDI name; None if it is
+    neither (NVIDIA's cdiDeviceMountRequest, which logs and ignores such a mount)."""
+    rest = request[len(CDI_VOLUME_PREFIX):]
+    kind, sep, name = rest.partition("=")
+    if sep and kind.count("/") == 1 and all(kind.split("/")) and name:
+        return rest
+    parts = rest.split("/", 2)
+    if len(parts) == 3 and all(parts):
+        return f"{parts[0]}/{parts[1]}={parts[2]}"
+    return None
+
+
+def volume_mount_devices(mounts: Sequence[Mapping[str, object]], notes: list[str] | None = None) -> tuple[str, ...]:
+    """Device ids requested by /dev/null mounts at /var/run/nvidia-container-devices/<id> (the kubelet plugin's
+    form; NVIDIA's visibleDevicesFromMounts): `imex/…` are IMEX channels, not devices; `cdi/…` names a CDI
+    device, kept as its qualified name (`nvidia.com/gpu=0`) for selection to resolve or refuse."""
+    ids: dict[str, None] = {}
+    for device in _requests_from_mounts(mounts):
+        if device.startswith(IMEX_VOLUME_PREFIX):
+            continue
+        if device.startswith(CDI_VOLUME_PREFIX):
+            name = cdi_mount_name(device)
+            if name is None:
+                if notes is not None:
+                    notes.append(f"ignored the mount request {clip(device)}: not cdi/<vendor>/<class>/<name>")
+                continue
+            device = name
+        ids[device] = None
     return tuple(ids)
 
 
-def cdi_annotation_devices(annotations: Mapping[str, object]) -> tuple[str, ...]:
-    """Device names from `cdi.k8s.io/*` annotations whose qualified names are of kind nvidia.com/gpu.
+def qualified_annotation_name(name: str) -> str:
+    """A CDI annotation's device as NVIDIA's runtime reads it: a name without a kind is one of ours
+    (`1` is `nvidia.com/gpu=1`, `example.com/device` is `nvidia.com/gpu=example.com/device`)."""
+    return name if "=" in name else f"{CDI_KIND}={name}"
 
+
+def _annotation_names(annotations: Mapping[str, object], prefixes: Sequence[str]) -> dict[str, None]:
+    """Every CDI name the annotations under `prefixes` carry (keys sorted, as NVIDIA), qualified, once each.
     Each value is bounded (split_ids) before its names are looked at, and so is the total."""
-    ids: dict[str, None] = {}
+    names: dict[str, None] = {}
     for key in sorted(annotations):
         value = annotations[key]
-        if not key.startswith(CDI_ANNOTATION_PREFIX) or not isinstance(value, str):
+        if not prefixes or not key.startswith(tuple(prefixes)) or not isinstance(value, str):
             continue
         for name in split_ids(f"annotation {clip(key)}", value):
-            kind, sep, device = name.partition("=")
-            if sep and kind == CDI_KIND and device:
-                ids[device] = None
-        if len(ids) > MAX_IDS:
-            raise RequestError(f"cdi.k8s.io/ annotations name more than {MAX_IDS} devices")
-    return tuple(ids)
+            names[qualified_annotation_name(name)] = None
+        if len(names) > MAX_IDS:
+            raise RequestError(f"{', '.join(prefixes)} annotations name more than {MAX_IDS} devices")
+    return names
+
+
+def cdi_annotation_devices(
+    annotations: Mapping[str, object], prefixes: Sequence[str] = (CDI_ANNOTATION_PREFIX,)
+) -> tuple[str, ...]:
+    """Device names of kind nvidia.com/gpu from the CDI annotations. A name of ours that no device resolves fails
+    the start later, in selection: never a container without the GPU it asked for."""
+    ids = (n.partition("=") for n in _annotation_names(annotations, prefixes))
+    return tuple(device for kind, _, device in ids if kind == CDI_KIND and device)
+
+
+def foreign_cdi_names(annotations: Mapping[str, object], prefixes: Sequence[str] = (CDI_ANNOTATION_PREFIX,)
+                      ) -> tuple[str, ...]:
+    """The annotations' CDI names of other kinds: other vendors' devices (or our datacenter kinds), which the
+    CDI-aware runtime injects from its spec dirs; gpuhook notes them and leaves them alone."""
+    return tuple(n for n in _annotation_names(annotations, prefixes) if n.partition("=")[0] != CDI_KIND)
 
 
 def _ids_request(ids: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
     if "all" in ids:
         return "all", ()
     return "list", ids
+
+
+def env_devices(env: Mapping[str, str], swarm_resource: Sequence[str] = ()) -> tuple[str, tuple[str, ...], str]:
+    """(kind, ids, source) the environment asks for: visible_devices, and a legacy CUDA image that names no
+    device asks for all of them (NVIDIA's devicesFromEnvvars)."""
+    kind, ids = visible_devices(env, swarm_resource)
+    if kind == "unset" and is_legacy_image(env):
+        return "all", (), "legacy-image"
+    return kind, ids, "env"
 
 
 def parse_request(
@@ -240,26 +360,24 @@ def parse_request(
     env = env_map(env_list)
     notes: list[str] = []
     legacy = is_legacy_image(env)
-    kind, ids = parse_visible_devices(env.get(VISIBLE_DEVICES))
-    source = "env"
-    if kind == "unset" and legacy:
-        kind, source = "all", "legacy-image"
+    kind, ids, source = env_devices(env, policy.swarm_resource)
     if kind != "unset" and not privileged and not policy.accept_envvar_unprivileged:
         notes.append(f"{VISIBLE_DEVICES} ignored: unprivileged container and accept-envvar-unprivileged is false")
         kind, ids = "unset", ()
     if policy.accept_volume_mounts:
-        mounted = volume_mount_devices(mounts)
+        mounted = volume_mount_devices(mounts, notes)
         if mounted:
             (kind, ids), source = _ids_request(mounted), "volume-mounts"
-    annotated = cdi_annotation_devices(annotations or {})
+    annotated = cdi_annotation_devices(annotations or {}, policy.annotation_prefixes)
     if annotated:
         (kind, ids), source = _ids_request(annotated), "cdi-annotations"
+    foreign = foreign_cdi_names(annotations or {}, policy.annotation_prefixes)
+    if foreign:
+        notes.append(f"CDI devices of other kinds left to the runtime: {clip(','.join(foreign), quote=False)}")
     if kind in ("unset", "void"):
-        return Request(kind=kind, source=source, notes=tuple(notes))
+        return Request(kind=kind, source=source, notes=tuple(notes), foreign_cdi=foreign)
     caps = request_capabilities(env, legacy, policy.supported_capabilities)
-    reqs: tuple[str, ...] = ()
-    if not (policy.disable_require or is_true(env.get(DISABLE_REQUIRE))):
-        reqs = requirements(env, legacy)
+    reqs = checked_requirements(env, policy)
     mig_flags = []
     for var in (MIG_CONFIG, MIG_MONITOR):
         mig_kind, _ = parse_visible_devices(env.get(var), var)
@@ -268,7 +386,8 @@ def parse_request(
             raise RequestError(f"{var} requires a privileged container (CAP_SYS_ADMIN in the bounding set)")
         mig_flags.append(wanted)
     imex = imex_channel_request(env, mounts, privileged, policy, notes)
-    return Request(kind, ids, caps, reqs, mig_flags[0], mig_flags[1], source, tuple(notes), imex, gated_devices(env))
+    return Request(kind, ids, caps, reqs, mig_flags[0], mig_flags[1], source, tuple(notes), imex, gated_devices(env),
+                   foreign)
 
 
 def imex_channel_id(text: str, origin: str) -> str:
@@ -294,14 +413,7 @@ def imex_channel_ids(items: Iterable[str], origin: str) -> tuple[str, ...]:
 
 def imex_volume_mounts(mounts: Sequence[Mapping[str, object]]) -> tuple[str, ...]:
     """Channel ids from /dev/null mounts at /var/run/nvidia-container-devices/imex/<id> (NVIDIA's imex/ form)."""
-    prefix = IMEX_VOLUME_MOUNT_DIR + "/"
-    ids: list[str] = []
-    for m in mounts:
-        dest, source = m.get("destination"), m.get("source")
-        if isinstance(dest, str) and dest.startswith(prefix) and source == "/dev/null":
-            ids.append(dest[len(prefix):].strip("/"))
-            if len(ids) > MAX_IDS:
-                raise RequestError(f"more than {MAX_IDS} device mounts under {IMEX_VOLUME_MOUNT_DIR}")
+    ids = [d[len(IMEX_VOLUME_PREFIX):] for d in _requests_from_mounts(mounts) if d.startswith(IMEX_VOLUME_PREFIX)]
     return imex_channel_ids(ids, f"a volume mount under {IMEX_VOLUME_MOUNT_DIR}")
 
 
@@ -332,10 +444,28 @@ def gated_devices(env: Mapping[str, str]) -> tuple[str, ...]:
     return tuple(name for name, var in GATED_DEVICE_ENV.items() if env.get(var) == ENABLED)
 
 
-def is_privileged(process: Mapping[str, object] | None) -> bool:
-    """CAP_SYS_ADMIN in the bounding set: what the NVIDIA toolkit calls a privileged container."""
+def is_privileged(process: Mapping[str, object] | None, oci_version: str = "") -> bool:
+    """CAP_SYS_ADMIN in the bounding set: what the NVIDIA toolkit calls a privileged container. Specs of
+    ociVersion 1.0.0-rc1 up to (not including) rc5 carry `process.capabilities` as one flat list, read as such
+    (NVIDIA's hook, Spec.GetCapabilities)."""
     caps = (process or {}).get("capabilities")
+    if isinstance(caps, list) and _flat_capabilities(oci_version):
+        return "CAP_SYS_ADMIN" in caps
     if not isinstance(caps, Mapping):
         return False
     bounding = caps.get("bounding")
     return isinstance(bounding, list) and "CAP_SYS_ADMIN" in bounding
+
+
+def _prerelease_key(text: str) -> tuple[tuple[int, int | str], ...]:
+    """Semver's prerelease order: dot-separated identifiers, numeric ones before and below alphanumeric ones."""
+    return tuple((0, int(p)) if p.isdigit() else (1, p) for p in text.split("."))
+
+
+def _flat_capabilities(version: str) -> bool:
+    """rc1 <= ociVersion < rc5 by semver's order (so `1.0.0-rc2-dev` is flat, `1.0.0` and an invalid one not)."""
+    core, sep, pre = version.partition("-")
+    pre = pre.partition("+")[0]
+    if core != "1.0.0" or not sep or not pre or not re.fullmatch(_IDENT + r"(?:\." + _IDENT + ")*", pre):
+        return False
+    return _prerelease_key("rc1") <= _prerelease_key(pre) < _prerelease_key("rc5")

@@ -52,8 +52,20 @@ def _by_bus_id(inv: Inventory, ident: str) -> Device | None:
     return None
 
 
+def _by_legacy_mig_id(inv: Inventory, ident: str) -> Device | None:
+    """`MIG-GPU-<uuid>/<gi>/<ci>`, the MIG name of drivers before R470 that device plugins and volume-mount
+    requests still carry (the reason a volume-mount id may hold `/`)."""
+    gpu_uuid, gi, ci = ident[len("MIG-"):].split("/")
+    g, c = _small_int(gi), _small_int(ci)
+    gpu = next((x for x in inv.gpus if x.uuid == gpu_uuid), None)
+    if gpu is None or g is None or c is None:
+        return None
+    return next((m for m in gpu.mig_devices if m.gi == g and m.ci == c), None)
+
+
 def find_device(inv: Inventory, ident: str) -> Device | None:
-    """One id in any of the accepted forms: index, GPU-/MIG- UUID, gpu:mig, PCI bus id, nvidia.com/gpu=<name>."""
+    """One id in any of the accepted forms: index, GPU-/MIG- UUID, MIG-GPU-<uuid>/<gi>/<ci>, gpu:mig, PCI bus id,
+    nvidia.com/gpu=<name>. A CDI name of another kind is no device of ours."""
     kind, sep, name = ident.partition("=")
     if sep:
         if kind != CDI_KIND:
@@ -64,6 +76,8 @@ def find_device(inv: Inventory, ident: str) -> Device | None:
         return inv.gpus[index] if index < len(inv.gpus) else None
     if ident.startswith("GPU-"):
         return next((g for g in inv.gpus if g.uuid == ident), None)
+    if ident.startswith("MIG-GPU-") and ident.count("/") == 2:
+        return _by_legacy_mig_id(inv, ident)
     if ident.startswith("MIG-"):
         return next((m for m in inv.all_mig_devices() if m.uuid == ident), None)
     return _by_pair(inv, ident) or _by_bus_id(inv, ident)

@@ -53,6 +53,11 @@ class Bundle:
         return proc if isinstance(proc, dict) else {}
 
     @property
+    def oci_version(self) -> str:
+        version = self.config.get("ociVersion")
+        return version if isinstance(version, str) else ""
+
+    @property
     def env(self) -> list[str]:
         env = self.process.get("env")
         return [e for e in env if isinstance(e, str)] if isinstance(env, list) else []

@@ -200,8 +200,8 @@ def prepare(inv: Invocation, config_path: str | None) -> tuple[str, str]:
 
     config = load_config(config_path)
     bundle = load_bundle(inv.bundle)
-    request = parse_request(bundle.env, bundle.mounts, bundle.annotations, is_privileged(bundle.process),
-                            config.policy)
+    privileged = is_privileged(bundle.process, bundle.oci_version)
+    request = parse_request(bundle.env, bundle.mounts, bundle.annotations, privileged, config.policy)
     notes = "".join(f" ({n})" for n in request.notes)
     if not request.wants_gpu_setup:
         return config.log_file, f"{inv.container_id} runtime skip request={request.kind}{notes}"
