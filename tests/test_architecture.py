@@ -23,12 +23,13 @@ ALLOWED: dict[str, set[str]] = {
     "cdi": {"model", "discover", "errors", "fileio"},
     "hook": {"inject", "model", "discover", "oci", "_native", "errors", "fileio"},
     "shim": {"hook", "cdi", "inject", "model", "discover", "oci", "errors", "fileio"},
-    "plugin": {"cdi", "model", "discover", "errors", "fileio"},
+    "plugin": {"cdi", "system", "model", "discover", "errors", "fileio"},
     "runtimeconfig": {"model", "errors", "fileio"},  # model: only its Record base
-    "doctor": {"shim", "runtimeconfig", "hook", "cdi", "inject", "model", "discover", "oci", "_native", "errors",
-               "fileio"},
+    "system": {"model", "discover", "errors", "fileio"},
+    "doctor": {"shim", "runtimeconfig", "system", "hook", "cdi", "inject", "model", "discover", "oci", "_native",
+               "errors", "fileio"},
     "fakedriver": {"model", "discover", "_native", "errors", "fileio"},
-    "cli": {"doctor", "shim", "plugin", "runtimeconfig", "hook", "cdi", "inject", "model", "discover", "oci",
+    "cli": {"doctor", "shim", "plugin", "runtimeconfig", "system", "hook", "cdi", "inject", "model", "discover", "oci",
             "fakedriver", "_native", "errors", "fileio"},
     "__init__": set(),
 }

@@ -236,7 +236,7 @@ def test_list_agrees_with_the_hook_on_void(fake_driver: Any, devices: str) -> No
     assert out.startswith("nothing: a container with NVIDIA_VISIBLE_DEVICES=") and "untouched" in out
 
 
-@pytest.mark.parametrize("devices", ["none", "all,none"])
+@pytest.mark.parametrize("devices", ["none", "none,all", "0,none"])  # the first special word decides
 def test_list_none_gets_driver_files_and_control_nodes_only(fake_driver: Any, devices: str) -> None:
     code, out, err = _run_cli(["list", "--driver-root", str(fake_driver.root), "--proc-root",
                                f"{fake_driver.root}/proc", "--devices", devices, "--json"])

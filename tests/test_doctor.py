@@ -277,6 +277,19 @@ def test_legacy_cuda_image_and_disabled_requirements(fake_driver: Any, tmp_path:
     assert code == 0 and any("not checked (NVIDIA_DISABLE_REQUIRE)" in s["message"] for s in steps)
 
 
+def test_doctor_says_which_term_decided(fake_driver: Any, tmp_path: Path) -> None:
+    """A CUDA image's forward-compatibility term (brand=nvidia,driver>=550,...) is what lets it start on a CUDA
+    12.4 host: doctor names that term, the host values, and the rule itself (issue 24)."""
+    req = "cuda>=12.6 brand=tesla,driver>=550,driver<551 brand=nvidia,driver>=550,driver<551"
+    code, _, steps = explain(fake_driver, tmp_path, "--env", "NVIDIA_VISIBLE_DEVICES=0",
+                             "--env", f"NVIDIA_REQUIRE_CUDA={req}")
+    assert code == 0
+    met = next(s for s in steps if "is met" in s["message"])
+    assert "term 3 of 3 'brand=nvidia,driver>=550,driver<551' holds on GPU 0 (cuda 12.4, driver 550.54.15" in (
+        met["message"])
+    assert "space-separated terms are alternatives (OR)" in met["detail"][0]
+
+
 def test_mig_all_is_explained(fake_driver_mig: Any, tmp_path: Path) -> None:
     code, summary, steps = explain(fake_driver_mig, tmp_path, "--env", "NVIDIA_VISIBLE_DEVICES=all")
     assert code == 0

@@ -39,7 +39,7 @@ HOOK_ENV = ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"]
 
 @pytest.fixture(scope="module")
 def entry(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return Path(hook_entry.install(str(tmp_path_factory.mktemp("entry") / "bin" / "gpuhook-hook")))
+    return Path(hook_entry.install(str(tmp_path_factory.mktemp("entry") / "bin" / "gpuhook-hook"))[0])
 
 
 def state(bundle: Path, cid: str = "c1", pid: int = 1) -> bytes:
@@ -82,6 +82,48 @@ def test_install_replaces_atomically_through_the_cli(tmp_path: Path) -> None:
     assert main(["hook", "install", "--path", str(target)]) == 0
     assert target.read_text().startswith("#!") and target.stat().st_ino != before
     assert stat.S_IMODE(target.stat().st_mode) == 0o755
+
+
+def test_docker_gpus_install_writes_nvidias_name_and_never_replaces_a_foreign_one(tmp_path: Path) -> None:
+    """Issue 23: `docker run --gpus` runs `nvidia-container-runtime-hook prestart` from dockerd's PATH."""
+    from gpuhook.cli.app import main
+
+    target = tmp_path / "bin" / "gpuhook-hook"
+    target.parent.mkdir()
+    docker = target.parent / "nvidia-container-runtime-hook"
+    assert main(["hook", "install", "--path", str(target), "--docker-gpus"]) == 0
+    assert docker.read_text() == target.read_text() and stat.S_IMODE(docker.stat().st_mode) == 0o755
+    assert main(["hook", "install", "--path", str(target), "--docker-gpus"]) == 0  # ours: replaced again
+    docker.write_text("#!/bin/sh\n# NVIDIA's nvidia-container-runtime-hook\n")
+    target.unlink()
+    with pytest.raises(GpuhookError, match="is not gpuhook's .*not replaced"):
+        hook_entry.install(str(target), docker_gpus=True)
+    assert docker.read_text().startswith("#!/bin/sh") and not target.exists()  # nothing written at all
+    docker.unlink()
+    docker.symlink_to("/usr/bin/true")  # a link is never ours: replacing it would replace its target for its owner
+    with pytest.raises(GpuhookError, match="not replaced"):
+        hook_entry.install(str(target), docker_gpus=True)
+    assert docker.is_symlink()
+
+
+def test_runtime_configure_docker_gpus(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from gpuhook.cli.app import main
+
+    target = tmp_path / "gpuhook-hook"
+    assert main(["runtime", "configure", "--runtime", "docker", "--mode", "gpus", "--hook-path", str(target)]) == 0
+    assert "restart dockerd" in capsys.readouterr().out and (tmp_path / "nvidia-container-runtime-hook").is_file()
+    assert main(["runtime", "configure", "--runtime", "podman", "--mode", "gpus"]) == 1
+    assert "Docker's --gpus route" in capsys.readouterr().err
+
+
+def test_hook_reads_gpuhook_config_from_the_environment(tmp_path: Path, entry: Path) -> None:
+    """Docker's --gpus passes no --config, but dockerd's environment: GPUHOOK_CONFIG names the file."""
+    config = write_config(tmp_path, Path("/"))
+    env = {**os.environ, "GPUHOOK_CONFIG": str(config)}
+    result = subprocess.run([str(entry), "prestart"], input=state(bundle_dir(tmp_path, [])), capture_output=True,
+                            timeout=60, check=False, env=env)
+    assert result.returncode == 0, result.stderr
+    assert " skip request=unset took=" in (tmp_path / "gpuhook.log").read_text()
 
 
 def test_install_refuses_an_interpreter_a_shebang_cannot_carry(tmp_path: Path) -> None:
@@ -143,12 +185,14 @@ BIG = 200_000  # under the request bound (256 KiB per value): these reach the pe
 @pytest.mark.parametrize(("env", "annotations", "words"), [
     ([f"NVIDIA_VISIBLE_DEVICES=GPU-{'a' * BIG}"], {}, "unknown device 'GPU-aaa"),
     (["NVIDIA_VISIBLE_DEVICES=0", f"NVIDIA_DRIVER_CAPABILITIES={'x' * BIG}"], {}, "unknown driver capability"),
-    (["NVIDIA_VISIBLE_DEVICES=0", f"NVIDIA_REQUIRE_CUDA=cuda>={'1.' * (BIG // 2)}"], {}, "invalid requirement"),
+    (["NVIDIA_VISIBLE_DEVICES=0", f"NVIDIA_REQUIRE_CUDA=cuda>={'1x' * (BIG // 2)}"], {}, "invalid requirement"),
+    (["NVIDIA_VISIBLE_DEVICES=0", f"NVIDIA_REQUIRE_CUDA=cuda>=99.{'0' * BIG}"], {}, "unsatisfied requirement"),
     (["NVIDIA_VISIBLE_DEVICES=0", f"NVIDIA_REQUIRE_CUDA={','.join(['cuda>=99.0'] * (BIG // 11))}"], {},
-     "unsatisfied requirement"),
+     "hold more than 4096 conditions"),
     ([f"CUDA_VERSION={'x' * BIG}"], {}, "invalid CUDA_VERSION"),
     ([], {"cdi.k8s.io/x": f"nvidia.com/gpu={'b' * BIG}"}, "unknown device 'bbb"),
-], ids=["device", "capability", "requirement", "unmet-requirement", "cuda-version", "annotation"])  # fmt: skip
+], ids=["device", "capability", "requirement", "unmet-requirement", "conditions", "cuda-version",
+        "annotation"])  # fmt: skip
 def test_image_values_are_clipped_in_every_message(entry: Path, tmp_path: Path, fake_driver: Any, env: list[str],
                                                    annotations: dict[str, str], words: str) -> None:
     """An image-supplied value is echoed clipped (errors.clip): 200 KB in a variable must not become a

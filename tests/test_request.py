@@ -7,6 +7,8 @@ import pytest
 from gpuhook.errors import RequestError
 from gpuhook.model import catalogue
 from gpuhook.model.request import (
+    MAX_VALUE_CHARS,
+    VOLUME_MOUNT_DIR,
     Policy,
     cdi_annotation_devices,
     is_privileged,
@@ -242,3 +244,39 @@ def test_clip_bounds_any_echo_and_keeps_a_line_a_line() -> None:
     assert clip("a\nb\x7f", quote=False) == "a\\x0ab\\x7f"  # a log line stays one line
     assert "\n" not in clip("x\n" * 500, quote=False) and clip("x\n" * 500, quote=False).endswith("(1000 characters)")
     assert clip(list(range(1000))).endswith("(1000 characters)")
+
+
+def test_requirements_are_bounded_before_they_are_split() -> None:
+    """Issue 24: 256 KiB per value and 4096 conditions in all, refused in one clipped line naming the variable;
+    the count is linear, so a value at the bound costs milliseconds, not seconds."""
+    big = "cuda>=1 " * (MAX_VALUE_CHARS // 8 + 1)
+    with pytest.raises(RequestError, match=r"^NVIDIA_REQUIRE_CUDA is \d+ characters, more than 262144") as err:
+        parse_request(["NVIDIA_VISIBLE_DEVICES=0", f"NVIDIA_REQUIRE_CUDA={big}"])
+    assert len(str(err.value)) < 500
+    many = [f"NVIDIA_REQUIRE_X{i}={'cuda>=1,' * 300}" for i in range(15)]  # 4500 conditions over 15 variables
+    with pytest.raises(RequestError, match="NVIDIA_REQUIRE_\\* hold more than 4096 conditions") as err:
+        parse_request(["NVIDIA_VISIBLE_DEVICES=0", *many])
+    assert len(str(err.value)) < 500
+    fits = parse_request(["NVIDIA_VISIBLE_DEVICES=0", *many[:13]])  # 3900: checked, in linear time
+    assert len(fits.requirements) == 13
+
+
+def test_blank_driver_capabilities_give_none() -> None:
+    """NVIDIA's getDriverCapabilities: set to blanks or commas, the variable names no capability (not the
+    defaults, which only unset or empty give)."""
+    assert parse_request(["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES= "]).capabilities == frozenset()
+    assert parse_request(["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES=,"]).capabilities == frozenset()
+    assert parse_request(["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES="]).capabilities == {
+        "compute", "utility"}
+
+
+def test_volume_mount_ids_keep_their_path() -> None:
+    mounts = [{"source": "/dev/null", "destination": f"{VOLUME_MOUNT_DIR}/{d}"}
+              for d in ("MIG-GPU-abc/1/0", "cdi/nvidia.com/gpu/2", "cdi/nvidia.com/gpu=3", "cdi/bogus", "imex/4",
+                        "nvidia.com/gpu=all", "MIG-GPU-abc/1/0/")]
+    notes: list[str] = []
+    assert volume_mount_devices(mounts, notes) == (
+        "MIG-GPU-abc/1/0", "nvidia.com/gpu=2", "nvidia.com/gpu=3", "nvidia.com/gpu=all")
+    assert notes == ["ignored the mount request 'cdi/bogus': not cdi/<vendor>/<class>/<name>"]
+    req = parse_request([], mounts[5:6], policy=Policy(accept_volume_mounts=True))
+    assert (req.kind, req.source) == ("list", "volume-mounts")

@@ -289,6 +289,60 @@ def test_published_cuda_image_through_the_shim(tmp_path: Path, fake_driver_facto
         assert f"no term holds with cuda {cuda}, driver {driver}" in result.stderr
 
 
+@pytest.mark.parametrize("hook", [
+    {"path": "/usr/bin/nvidia-container-runtime-hook", "args": ["nvidia-container-runtime-hook", "prestart"]},
+    {"path": "/usr/local/bin/gpuhook-hook", "args": ["gpuhook-hook", "prestart"]},
+    {"path": "/opt/x/hook", "args": ["nvidia-container-runtime-hook", "prestart"]},  # by args[0]
+])  # fmt: skip
+def test_one_injection_beside_a_gpu_prestart_hook(tmp_path: Path, fake_driver: Any, hook: dict[str, Any]) -> None:
+    """`docker run --runtime gpuhook --gpus all`: Docker adds its --gpus hook (NVIDIA's name) to config.json; the
+    shim must not inject a second time (issue 23)."""
+    bundle = bundle_with(tmp_path, ["NVIDIA_VISIBLE_DEVICES=all"])
+    config = json.loads((bundle / "config.json").read_text())
+    config["hooks"] = {"prestart": [hook]}
+    (bundle / "config.json").write_text(json.dumps(config))
+    before = digest(bundle / "config.json")
+    result = run_shim(tmp_path, ["create", "--bundle", str(bundle), "c1"], hook_config(tmp_path, fake_driver.root))
+    assert result.returncode == 7, result.stderr
+    assert digest(bundle / "config.json") == before
+    assert "runtime skip: a " in (tmp_path / "gpuhook.log").read_text()
+
+
+@pytest.mark.parametrize(("hooks", "words"), [
+    ("prestart", "'hooks' is not an object"),
+    ({"prestart": {"path": "/x"}}, "'hooks.prestart' is not a list"),
+])  # fmt: skip
+def test_malformed_hooks_are_one_line(tmp_path: Path, fake_driver: Any, hooks: Any, words: str) -> None:
+    bundle = bundle_with(tmp_path, ["NVIDIA_VISIBLE_DEVICES=0"])
+    config = json.loads((bundle / "config.json").read_text())
+    config["hooks"] = hooks
+    (bundle / "config.json").write_text(json.dumps(config))
+    result = run_shim(tmp_path, ["create", "--bundle", str(bundle), "c1"], hook_config(tmp_path, fake_driver.root))
+    assert result.returncode == 1 and result.stderr == f"gpuhook-runtime: config.json: {words}\n"
+
+
+@pytest.mark.parametrize("log_format", ["json", "text"])
+def test_errors_reach_the_runtime_log(tmp_path: Path, fake_driver: Any, log_format: str) -> None:
+    """Docker and containerd read a failed create's reason from runc's --log file, in its --log-format: the
+    shim's refusal must be there, or `docker run --runtime gpuhook` says "unable to retrieve OCI runtime error"."""
+    bundle = bundle_with(tmp_path, ["NVIDIA_VISIBLE_DEVICES=7"])
+    log = tmp_path / "log.json"
+    args = ["--root", "/run/x", "--log", str(log), "--log-format", log_format, "create", "--bundle", str(bundle), "c1"]
+    result = run_shim(tmp_path, args, hook_config(tmp_path, fake_driver.root))
+    assert result.returncode == 1
+    line = log.read_text().splitlines()[-1]
+    if log_format == "json":
+        entry = json.loads(line)
+        assert entry["level"] == "error" and entry["msg"].startswith("gpuhook-runtime: unknown device '7'")
+        assert entry["time"].endswith("Z")
+    else:
+        assert line.startswith('time="') and 'level=error msg="gpuhook-runtime: unknown device \'7\'' in line
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # never written into anything but a regular file (and never blocks on a FIFO)
+    args[args.index(str(log))] = str(fifo)
+    assert run_shim(tmp_path, args, hook_config(tmp_path, fake_driver.root)).returncode == 1
+
+
 def test_gpu_request_rewrites_then_execs_with_the_same_argv(tmp_path: Path, fake_driver: Any) -> None:
     bundle = bundle_with(tmp_path, ["NVIDIA_VISIBLE_DEVICES=1"])
     mode = 0o600

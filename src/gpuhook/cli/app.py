@@ -57,6 +57,7 @@ class LazyGroup(click.Group):
         "device-plugin": "gpuhook.cli.plugin:device_plugin",
         "labels": "gpuhook.cli.labels:labels",
         "doctor": "gpuhook.cli.doctor:doctor",
+        "system": "gpuhook.cli.system:system",
     }
 
     def list_commands(self, ctx: click.Context) -> list[str]:

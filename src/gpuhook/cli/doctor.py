@@ -108,11 +108,17 @@ def doctor(driver_root: str | None, dev_root: str | None, proc_root: str | None,
                        or None, proc_root or config.proc_root)
     inv, found = host.check_host(roots, discovery)
     report.add(found)
+    report.add(host.check_ldconfig(config.ldconfig))
     flags = generate_flags(roots, discovery)
     dirs = tuple(spec_dirs or DEFAULT_SPEC_DIRS)
     found, status = specs.check_specs(dirs, inv, flags)
     chosen = [r for r in runtimes if r != "none"] if runtimes else rt.installed()
-    report.add(rt.check_runtimes(chosen, status, rt.Paths(generate_flags=flags, spec_dirs=dirs)))
+    paths = rt.Paths(generate_flags=flags, spec_dirs=dirs)
+    report.add(rt.check_runtimes(chosen, status, paths))
+    if inv is not None:
+        from gpuhook.doctor.systemd import check_dev_char
+
+        report.add(check_dev_char(inv, paths))
     report.add(found)
     if bundle or env or annotations or device_mounts:
         try:

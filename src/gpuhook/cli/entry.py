@@ -24,6 +24,10 @@ if TYPE_CHECKING:
 
 DEFAULT_PATH = "/usr/local/bin/gpuhook-hook"
 SHEBANG_MAX = 255  # the kernel reads at most 256 bytes of a "#!" line (Linux >= 5.1; 127 before)
+# Docker registers its `--gpus` driver only when this name is on dockerd's PATH at daemon start, and runs it as
+# `nvidia-container-runtime-hook prestart` (moby daemon/nvidia_linux.go): the same entry, under NVIDIA's name.
+DOCKER_GPUS_NAME = "nvidia-container-runtime-hook"
+MARKER = "# gpuhook's OCI hook (and CDI createContainer hook) entry, written by `gpuhook hook install`."
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -146,7 +150,7 @@ def entry_script(python: str, paths: Sequence[str]) -> str:
         raise GpuhookError(f"interpreter path {python!r} is too long for a #! line ({SHEBANG_MAX} bytes at most)")
     return (
         f"{shebang}\n"
-        "# gpuhook's OCI hook (and CDI createContainer hook) entry, written by `gpuhook hook install`.\n"
+        f"{MARKER}\n"
         "# -IS: no site and no environment variables, so a container start pays only for what the hook imports.\n"
         "import sys\n"
         f"sys.path += {list(paths)!r}\n"
@@ -169,14 +173,45 @@ def _check(python: str, paths: Sequence[str]) -> None:
         raise GpuhookError(f"{python} -IS cannot import the hook with {list(paths)}: {last}")
 
 
-def install(path: str = DEFAULT_PATH, python: str | None = None) -> str:
-    """Write the entry script to `path` (atomically, mode 0755) for `python` (default: this interpreter)."""
+def is_ours(path: str) -> bool | None:
+    """Whether `path` is an entry script gpuhook wrote (None: nothing there). A link is never ours: replacing it
+    would replace what it points to for whoever made it."""
+    import stat
+
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return False
+    with open(path, "rb") as f:
+        return MARKER.encode() in f.read(1024)
+
+
+def docker_gpus_path(path: str) -> str:
+    return os.path.join(os.path.dirname(os.path.abspath(path)), DOCKER_GPUS_NAME)
+
+
+def install(path: str = DEFAULT_PATH, python: str | None = None, docker_gpus: bool = False) -> list[str]:
+    """Write the entry script to `path` (atomically, mode 0755) for `python` (default: this interpreter); with
+    `docker_gpus` also as nvidia-container-runtime-hook beside it, unless a file gpuhook did not write is there
+    (NVIDIA's own hook, say): then nothing is written and the error says why."""
+    from gpuhook.errors import GpuhookError
     from gpuhook.fileio.atomic import write_atomic
 
     python = python or sys.executable
     paths = search_paths()
     text = entry_script(python, paths)
+    targets = [os.path.abspath(path)]
+    if docker_gpus:
+        docker = docker_gpus_path(path)
+        if is_ours(docker) is False:
+            raise GpuhookError(f"{docker} exists and is not gpuhook's (NVIDIA's nvidia-container-toolkit installs "
+                               "one): not replaced. Remove that toolkit's hook to let gpuhook answer --gpus, or "
+                               "keep it and use gpuhook through CDI or --runtime gpuhook")
+        if docker != targets[0]:
+            targets.append(docker)
     _check(python, paths)
-    target = os.path.abspath(path)
-    write_atomic(target, text.encode(), 0o755)
-    return target
+    for target in targets:
+        write_atomic(target, text.encode(), 0o755)
+    return targets

@@ -43,7 +43,10 @@ for _stage in STAGES:
 @hook.command("install")
 @click.option("--path", "path", default="/usr/local/bin/gpuhook-hook", show_default=True,
               help="Where to write the entry script (atomically, mode 0755).")
-def install(path: str) -> None:
+@click.option("--docker-gpus", is_flag=True,
+              help="Also write it as nvidia-container-runtime-hook beside --path, the program `docker run --gpus` "
+                   "runs (restart dockerd afterwards: it looks the name up on its PATH at start).")
+def install(path: str, docker_gpus: bool) -> None:
     """Write a hook entry script that starts this Python with -IS (no `site`): the fast way to run the hook.
 
     Point the runtime's hook configuration (oci-hooks.d, config.json hooks) and `generate-cdi --hook-path` at it;
@@ -52,5 +55,8 @@ def install(path: str) -> None:
     """
     from gpuhook.cli.entry import install as write_entry
 
-    written = write_entry(path)
-    click.echo(f"gpuhook: wrote {written}")
+    for written in write_entry(path, docker_gpus=docker_gpus):
+        click.echo(f"gpuhook: wrote {written}")
+    if docker_gpus:
+        click.echo("gpuhook: restart dockerd (it finds nvidia-container-runtime-hook on its PATH only at start); "
+                   "the hook reads GPUHOOK_CONFIG from dockerd's environment, else /etc/gpuhook/config.toml")

@@ -7,6 +7,8 @@ import click
 from gpuhook.runtimeconfig.files import apply, unified_diff
 from gpuhook.runtimeconfig.runtimes import MODES, RUNTIMES, Options, Plan, plan
 
+GPUS_MODE = "gpus"  # Docker's --gpus route: no config file, the hook under NVIDIA's name (cli/entry)
+
 
 @click.group()
 def runtime() -> None:
@@ -17,8 +19,9 @@ def runtime() -> None:
 @click.option("--runtime", "runtime_name", type=click.Choice(RUNTIMES), required=True, help="Runtime to configure.")
 @click.option("--config", "config_path", default=None, metavar="PATH",
               help="Config file [default: the runtime's usual one, see runtime-config/README.md].")
-@click.option("--mode", type=click.Choice(MODES), default="cdi", show_default=True,
-              help="cdi: the runtime reads gpuhook's CDI spec; hook: the runtime runs gpuhook-hook at prestart.")
+@click.option("--mode", type=click.Choice((*MODES, GPUS_MODE)), default="cdi", show_default=True,
+              help="cdi: the runtime reads gpuhook's CDI spec; hook: the runtime runs gpuhook-hook at prestart; "
+                   "gpus (docker): `docker run --gpus` runs gpuhook, installed as nvidia-container-runtime-hook.")
 @click.option("--hooks-dir", default=None, metavar="DIR",
               help="crio/podman hook mode: where gpuhook.json goes [default: /etc/containers/oci/hooks.d].")
 @click.option("--hook-path", default=None, metavar="PATH",
@@ -31,10 +34,34 @@ def runtime() -> None:
 def configure(runtime_name: str, config_path: str | None, mode: str, hooks_dir: str | None, hook_path: str | None,
               hook_config: str | None, dry_run: bool) -> None:
     """Edit the runtime's config in place (comments and other settings kept, backup <file>.gpuhook.bak)."""
+    if mode == GPUS_MODE:
+        _docker_gpus(runtime_name, config_path, hooks_dir, hook_config, hook_path, dry_run)
+        return
     result = plan(Options(runtime_name, mode, config_path, hooks_dir, hook_path, hook_config))
     for note in result.notes:
         click.echo(f"note: {note}", err=True)
     _report(result, dry_run)
+
+
+def _docker_gpus(runtime_name: str, config_path: str | None, hooks_dir: str | None, hook_config: str | None,
+                 hook_path: str | None, dry_run: bool) -> None:
+    """Docker's own --gpus route: no daemon.json change, only the hook under NVIDIA's name on dockerd's PATH."""
+    from gpuhook.cli.entry import DEFAULT_PATH, docker_gpus_path, install
+    from gpuhook.errors import ConfigError
+
+    if runtime_name != "docker":
+        raise ConfigError(f"--mode gpus is Docker's --gpus route; {runtime_name} has none (use cdi or hook)")
+    if config_path or hooks_dir or hook_config:
+        raise ConfigError("--mode gpus changes no config file: --config, --hooks-dir and --hook-config do not apply "
+                          "(the hook reads GPUHOOK_CONFIG from dockerd's environment, else /etc/gpuhook/config.toml)")
+    path = hook_path or DEFAULT_PATH
+    if dry_run:
+        click.echo(f"dry run: would write {path} and {docker_gpus_path(path)}; nothing written")
+        return
+    for written in install(path, docker_gpus=True):
+        click.echo(f"wrote {written}")
+    click.echo(f"configured docker (--gpus); restart dockerd to apply (it looks {docker_gpus_path(path)} up on its "
+               "PATH only at start): systemctl restart docker")
 
 
 def _report(result: Plan, dry_run: bool) -> None:

@@ -253,6 +253,7 @@ def _requirements(steps: _Steps, inv: Inventory, request: Request, env: Mapping[
     for constraint in request.requirements:
         try:
             require.check(inv, (constraint,), tuple(devices))
+            outcomes = require.outcomes(inv, (constraint,), tuple(devices))
         except RequirementError as exc:
             failed = True
             steps.add(PROBLEM, f"the start would fail: {exc}",
@@ -261,6 +262,22 @@ def _requirements(steps: _Steps, inv: Inventory, request: Request, env: Mapping[
             failed = True
             steps.add(PROBLEM, f"the start would fail: {exc}", "correct the NVIDIA_REQUIRE_* value")
         else:
-            steps.add(OK, f"requirement {clip(constraint)} is met (cuda {inv.cuda_version or '?'}, "
-                          f"driver {inv.driver_version})")
+            steps.add(OK, f"requirement {clip(constraint)} is met: {_deciding(outcomes)}",
+                      detail=[_RULE])
     return failed
+
+
+# How NVIDIA (and gpuhook) read a value, shown under every met requirement: users most often read it backwards.
+_RULE = ("space-separated terms are alternatives (OR), comma-separated factors must all hold (AND); "
+         "the first term that holds decides; separate NVIDIA_REQUIRE_* variables must all hold")
+
+
+def _deciding(outcomes: Sequence[require.Outcome]) -> str:
+    """Which term decided on each device profile, with the host's values it was judged on."""
+    parts = []
+    for o in outcomes:
+        where = f" on GPU {o.gpu}" if o.gpu is not None else ""
+        which = (f"term {o.term + 1} of {len(o.terms)} {clip(o.deciding_term)}" if o.term is not None
+                 else "no term")
+        parts.append(f"{which} holds{where} ({o.host()})")
+    return "; ".join(parts)

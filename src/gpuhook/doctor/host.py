@@ -166,3 +166,20 @@ def check_host(roots: Roots, method: str = "auto") -> tuple[Inventory | None, li
 
 def describe_node(node: DeviceNode) -> str:
     return f"{node.path} ({node.type} {node.major}:{node.minor})"
+
+
+def check_ldconfig(configured: str) -> list[Finding]:
+    """The very check a GPU start makes (inject/ldcache.open_ldconfig): the configured ldconfig, or Ubuntu's
+    `.real` beside a wrapper script, must be a static ELF; else every GPU start fails."""
+    from gpuhook.errors import InjectionError
+    from gpuhook.inject.ldcache import host_ldconfig, open_ldconfig
+
+    try:
+        os.close(open_ldconfig(configured))
+    except InjectionError as exc:
+        return [_f(PROBLEM, f"every GPU start would fail: {exc}",
+                   "set ldconfig = \"@<a static ldconfig>\" in the hook config (glibc's ldconfig is static)")]
+    path = host_ldconfig(configured)
+    shown = configured[1:] if configured.startswith("@") else configured
+    via = f" (the script {shown} execs it)" if path != shown else ""
+    return [_f(OK, f"ldconfig {path} is a static executable{via}")]

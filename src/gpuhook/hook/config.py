@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from gpuhook.model.request import Policy
 
 DEFAULT_PATH = "/etc/gpuhook/config.toml"
+CONFIG_ENV = "GPUHOOK_CONFIG"  # names the file when no --config is given (the shim; the hook under docker --gpus)
 
 # attribute -> (type, default). `supported_capabilities` None = every capability gpuhook knows
 # (catalogue.CAPABILITIES), resolved on first use so that reading the config never imports the catalogue.

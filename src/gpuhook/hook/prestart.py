@@ -9,6 +9,7 @@ that starts this with `python -IS` (cli/entry.py).
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -79,6 +80,10 @@ def main(argv: list[str] | None = None) -> int:
     from gpuhook.errors import GpuhookError
 
     config_path, _stage = _parse_args(sys.argv[1:] if argv is None else argv)
+    # Docker's --gpus runs the hook with dockerd's environment and no --config: GPUHOOK_CONFIG names the file then
+    from gpuhook.hook.config import CONFIG_ENV
+
+    config_path = config_path or os.environ.get(CONFIG_ENV) or None
     log_file = "/var/log/gpuhook.log"
     state_text = sys.stdin.buffer.read()
     try:

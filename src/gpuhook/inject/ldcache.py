@@ -244,9 +244,25 @@ def update_ldcache(rootfs: RootFS, folders: list[str], ldconfig_fd: int) -> None
         raise InjectionError(f"ldconfig failed in container: {last}")
 
 
-def open_ldconfig(path: str) -> int:
-    """The host's ldconfig by descriptor ('@/sbin/ldconfig' means the host path /sbin/ldconfig)."""
+def host_ldconfig(path: str) -> str:
+    """The host path of the configured ldconfig ('@/sbin/ldconfig' means the host's /sbin/ldconfig). Ubuntu's
+    /sbin/ldconfig is a shell script that execs /sbin/ldconfig.real: when the file is not an ELF and
+    `<path>.real` exists beside it, that is the program (as nvidia-ctk does); otherwise the path itself, which
+    open_ldconfig then refuses in one line if it is no static ELF."""
     path = path[1:] if path.startswith("@") else path
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError:
+        return path
+    if magic != b"\x7fELF" and os.path.isfile(path + ".real"):
+        return path + ".real"
+    return path
+
+
+def open_ldconfig(path: str) -> int:
+    """The host's ldconfig by descriptor (host_ldconfig: '@' prefix, Ubuntu's `.real`), checked static."""
+    path = host_ldconfig(path)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as exc:

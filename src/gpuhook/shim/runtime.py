@@ -22,11 +22,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from gpuhook.hook.config import CONFIG_ENV
 from gpuhook.hook.log import append_log
 from gpuhook.model.record import Record
 
 RUNTIME_ENV = "GPUHOOK_RUNTIME"
-CONFIG_ENV = "GPUHOOK_CONFIG"
 DEFAULT_RUNTIME = "runc"
 PROG = "gpuhook-runtime"
 CREATE_COMMANDS = frozenset({"create", "run"})
@@ -47,6 +47,8 @@ class Invocation(Record):
     bundle: str = ""
     container_id: str = ""
     help: bool = False
+    log: str = ""  # runc's --log: where the runtime's caller reads the reason a create failed
+    log_format: str = "text"
 
 
 def _option(arg: str) -> tuple[str, bool]:
@@ -58,14 +60,18 @@ def _option(arg: str) -> tuple[str, bool]:
 def parse_argv(args: Sequence[str], cwd: str | None = None) -> Invocation:
     """Find the subcommand after runc's global options and, for create/run, `--bundle`/`-b` (default: the cwd)."""
     i = 0
+    logging = {"log": "", "log-format": "text"}
     while i < len(args) and args[i].startswith("-") and args[i] != "-":
         name, inline = _option(args[i])
+        if name in logging:
+            logging[name] = args[i].partition("=")[2] if inline else (args[i + 1] if i + 1 < len(args) else "")
         i += 2 if name in GLOBAL_VALUE_OPTIONS and not inline else 1
+    log, log_format = logging["log"], logging["log-format"]
     if i >= len(args):
-        return Invocation(None)
+        return Invocation(None, log=log, log_format=log_format)
     command, rest = args[i], args[i + 1 :]
     if command not in CREATE_COMMANDS:
-        return Invocation(command)
+        return Invocation(command, log=log, log_format=log_format)
     bundle, positional, wants_help = "", [], False
     j = 0
     while j < len(rest):
@@ -82,25 +88,55 @@ def parse_argv(args: Sequence[str], cwd: str | None = None) -> Invocation:
             j += 1
     base = cwd if cwd is not None else os.getcwd()
     return Invocation(command, os.path.normpath(os.path.join(base, bundle or ".")),
-                      positional[0] if positional else "", wants_help)
+                      positional[0] if positional else "", wants_help, log, log_format)
 
 
 # --- rewriting config.json ----------------------------------------------------------------------------------
 
 
-def _is_gpuhook_hook(hook: Any) -> bool:
+# Programs that inject GPUs at prestart by themselves, by the name in `path` or `args[0]`: gpuhook's entry (also
+# under NVIDIA's name, which `docker run --gpus` adds to every --gpus container) and NVIDIA's toolkit.
+GPU_HOOKS = {"gpuhook-hook": "gpuhook", "nvidia-container-runtime-hook": "nvidia",
+             "nvidia-container-toolkit": "nvidia"}
+
+
+def hook_owner(hook: Any) -> str | None:
+    """'gpuhook' or 'nvidia' for a prestart hook that injects GPUs itself (NVIDIA's name may be gpuhook's entry
+    too: the shim cannot tell, and need not: either way the hook injects), else None."""
     if not isinstance(hook, dict):
-        return False
-    path, args = os.path.basename(str(hook.get("path", ""))), hook.get("args") or []
-    return path == "gpuhook-hook" or (path == "gpuhook" and isinstance(args, list) and "hook" in args[1:2])
+        return None
+    path, args = os.path.basename(str(hook.get("path", ""))), hook.get("args")
+    first = os.path.basename(str(args[0])) if isinstance(args, list) and args else ""
+    if path == "gpuhook" and isinstance(args, list) and "hook" in args[1:2]:
+        return "gpuhook"
+    return GPU_HOOKS.get(path) or GPU_HOOKS.get(first)
+
+
+def gpu_hooks(config: dict[str, Any]) -> list[str]:
+    """The owners of the GPU-injecting prestart/createRuntime hooks config.json already carries. A `hooks` that
+    is not an object of lists is one ShimError line: runc would refuse the spec anyway."""
+    hooks = config.get("hooks")
+    if hooks is None:
+        return []
+    if not isinstance(hooks, dict):
+        raise ShimError("config.json: 'hooks' is not an object")
+    owners = []
+    for stage in ("prestart", "createRuntime"):
+        entries = hooks.get(stage)
+        if entries is None:
+            continue
+        if not isinstance(entries, list):
+            raise ShimError(f"config.json: 'hooks.{stage}' is not a list")
+        owners += [o for o in map(hook_owner, entries) if o]
+    return owners
 
 
 def has_gpuhook_hook(config: dict[str, Any]) -> bool:
     """A gpuhook prestart hook is already configured (e.g. containerd's base spec): it will inject, the shim won't."""
-    hooks = config.get("hooks")
-    if not isinstance(hooks, dict):
+    try:
+        return "gpuhook" in gpu_hooks(config)
+    except ShimError:
         return False
-    return any(_is_gpuhook_hook(h) for stage in ("prestart", "createRuntime") for h in hooks.get(stage) or [])
 
 
 def _list(parent: dict[str, Any], key: str) -> list[Any]:
@@ -205,8 +241,10 @@ def prepare(inv: Invocation, config_path: str | None) -> tuple[str, str]:
     notes = "".join(f" ({n})" for n in request.notes)
     if not request.wants_gpu_setup:
         return config.log_file, f"{inv.container_id} runtime skip request={request.kind}{notes}"
-    if has_gpuhook_hook(bundle.config):
-        return config.log_file, f"{inv.container_id} runtime skip: a gpuhook prestart hook will inject"
+    owners = gpu_hooks(bundle.config)
+    if owners:  # one injection only: `docker run --runtime gpuhook --gpus …` carries the --gpus hook too
+        who = "gpuhook" if "gpuhook" in owners else "NVIDIA's nvidia-container-runtime-hook"
+        return config.log_file, f"{inv.container_id} runtime skip: a {who} prestart hook will inject"
     planned = plan_request(config, request)
     path = os.path.join(inv.bundle, "config.json")
     new = apply_edits(bundle.config, planned.edits, gpuhook_executable())
@@ -222,14 +260,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = list(sys.argv[1:] if argv is None else argv)
     config_path = os.environ.get(CONFIG_ENV) or None
+    inv = Invocation(None)
     try:
-        runtime = real_runtime()
         inv = parse_argv(args)
+        runtime = real_runtime()
         if inv.command in CREATE_COMMANDS and not inv.help:
             log_file, line = prepare(inv, config_path)
             append_log(log_file, time.strftime("%Y-%m-%dT%H:%M:%S ") + line)
     except (ShimError, GpuhookError, OSError) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
+        runtime_log(inv, f"{PROG}: {exc}")
         return 1
     sys.stdout.flush()
     sys.stderr.flush()
@@ -238,6 +278,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         print(f"{PROG}: cannot run {runtime}: {exc.strerror}", file=sys.stderr)
     return 1
+
+
+def runtime_log(inv: Invocation, message: str) -> None:
+    """Write an error where runc writes its own (`--log FILE`, JSON lines under `--log-format json`): containerd
+    and Docker read the reason a create failed from there, not from stderr ("unable to retrieve OCI runtime
+    error" otherwise). Only into a regular file, appended, never through a link; failing to log is not an error."""
+    if not inv.log:
+        return
+    import stat
+
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1e9) % 10**9:09d}Z"
+    if inv.log_format == "json":
+        line = json.dumps({"level": "error", "msg": message, "time": stamp}) + "\n"
+    else:
+        line = f"time={json.dumps(stamp)} level=error msg={json.dumps(message)}\n"
+    try:
+        fd = os.open(inv.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
+                     0o644)
+    except OSError:
+        return
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            os.write(fd, line.encode())
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,96 @@
+"""A private Docker daemon for end-to-end tests: its own data root, exec root, socket, pidfile and daemon.json
+under a temp dir, no bridge and no iptables (nothing on the host's network changes), stopped by its PID.
+
+Debian's docker.io (20.10) is what CI installs: it has `--gpus` (the moby daemon registers its NVIDIA driver when
+`nvidia-container-runtime-hook` is on its PATH at start) and `--runtime`, no CDI.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import tarfile
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+from .e2e import need, need_root, need_tool
+
+DOCKER_CLIENT = "/usr/bin/docker"  # Debian's, the daemon's own version (a newer client may sit in /usr/local/bin)
+
+
+class Dockerd:
+    def __init__(self, root: Path, pid: int) -> None:
+        self.root, self.pid = root, pid
+        self.socket = root / "docker.sock"
+
+    def docker(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([DOCKER_CLIENT, "-H", f"unix://{self.socket}", *args], capture_output=True, text=True,
+                              timeout=timeout, check=False)
+
+    def import_rootfs(self, rootfs: Path, tag: str) -> str:
+        """A local image from a directory (no registry is reachable): `docker import` of its tar."""
+        archive = self.root / f"{tag.replace(':', '_').replace('/', '_')}.tar"
+        with tarfile.open(archive, "w") as tar:
+            tar.add(rootfs, arcname=".")
+        result = self.docker("import", str(archive), tag)
+        assert result.returncode == 0, result.stderr
+        return tag
+
+
+def need_dockerd() -> str:
+    need_root()
+    need_tool("containerd")
+    need(os.path.exists(DOCKER_CLIENT), f"{DOCKER_CLIENT} (Debian's docker.io) is not installed")
+    return need_tool("dockerd")
+
+
+@contextlib.contextmanager
+def private_dockerd(root: Path, path_dirs: list[str], daemon_json: Mapping[str, object] | None = None,
+                    env: Mapping[str, str] | None = None) -> Iterator[Dockerd]:
+    """dockerd with everything of its own under `root`; `path_dirs` go first on its PATH (where it looks for
+    nvidia-container-runtime-hook); `env` is added to its environment, which --gpus hooks and runtimes inherit."""
+    dockerd = need_dockerd()
+    root.mkdir(parents=True, exist_ok=True)
+    config = root / "daemon.json"
+    config.write_text(json.dumps(dict(daemon_json or {})))
+    environ = {"PATH": ":".join([*path_dirs, "/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin",
+                                 "/bin"]), **(env or {})}
+    argv = [dockerd, "--data-root", str(root / "data"), "--exec-root", str(root / "exec"),
+            "--pidfile", str(root / "dockerd.pid"), "-H", f"unix://{root / 'docker.sock'}",
+            "--config-file", str(config), "--bridge=none", "--iptables=false", "--ip6tables=false",
+            "--ip-masq=false", "--storage-driver", "vfs", "--containerd-namespace", "gpuhook-test",
+            "--containerd-plugins-namespace", "gpuhook-test-plugins"]
+    log = open(root / "dockerd.log", "wb")  # noqa: SIM115 - closed in finally
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=environ, start_new_session=True)
+    daemon = Dockerd(root, proc.pid)
+    try:
+        deadline = time.monotonic() + 60
+        while daemon.docker("version", timeout=10).returncode != 0:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError("dockerd did not start: " + (root / "dockerd.log").read_text()[-2000:])
+            time.sleep(0.3)
+        yield daemon
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        log.close()
+        _unmount_below(root)
+
+
+def _unmount_below(root: Path) -> None:
+    """Whatever the daemon left mounted under its roots (it unmounts on a clean stop; a crash may not)."""
+    prefix = str(root) + "/"
+    with open("/proc/self/mountinfo") as f:
+        points = [line.split()[4] for line in f if line.split()[4].startswith(prefix)]
+    for point in sorted(points, key=len, reverse=True):
+        subprocess.run(["umount", "-l", point], check=False, capture_output=True)
