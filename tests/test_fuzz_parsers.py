@@ -270,7 +270,7 @@ parse_simple = getattr(config, "parse_simple", None)
 @given(subset_lines | toml_docs)
 def test_config_subset_parser_agrees_with_tomllib(text: str) -> None:
     """A fast path must never read a file differently than tomllib (or accept one tomllib refuses)."""
-    import tomllib
+    from gpuhook.fileio.tomlfile import tomllib
 
     assert parse_simple is not None
     simple = parse_simple(text)

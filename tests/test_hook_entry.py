@@ -14,7 +14,6 @@ import shutil
 import stat
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ import gpuhook
 from gpuhook import _native
 from gpuhook.cli import entry as hook_entry
 from gpuhook.errors import GpuhookError
+from gpuhook.fileio.tomlfile import tomllib
 from gpuhook.hook import prestart as hook
 from gpuhook.hook.config import Config, load_config, parse_config, parse_simple
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
 
 from support.cdi_inventory import synthetic_inventory
 
 from gpuhook.cdi.spec import build_spec
+from gpuhook.fileio.tomlfile import tomllib
 from gpuhook.hook.config import Config
 from gpuhook.runtimeconfig.runtimes import DOCKER_RUNTIME, RUNTIME_SHIM, Options, plan
 

@@ -14,7 +14,6 @@ import os
 import re
 import stat
 import subprocess
-import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any
 import pytest
 
 from gpuhook.cli.app import main
+from gpuhook.fileio.tomlfile import tomllib
 from gpuhook.runtimeconfig import hookspec, runtimes
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -12,12 +12,12 @@ def clip(value: object, limit: int = CLIP_LIMIT, quote: bool = True) -> str:
     `limit` characters with the full length said: an image can put megabytes in an environment variable, and a
     log line must stay a line. A long string is cut before it is rendered, so clipping costs the same at any size."""
     whole, cut = value, False
-    if isinstance(value, str | bytes) and len(value) > limit:
+    if isinstance(value, (str, bytes)) and len(value) > limit:
         value, cut = value[:limit], True
     text = repr(value) if quote else str(value).translate(_CONTROL)
     if not cut and len(text) <= limit:
         return text
-    size = f"{len(whole)} characters" if isinstance(whole, str | bytes | list | tuple | dict) else "cut"
+    size = f"{len(whole)} characters" if isinstance(whole, (str, bytes, list, tuple, dict)) else "cut"
     return f"{text[:limit]}… ({size})"
 
 

@@ -28,6 +28,8 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (generate
 if TYPE_CHECKING:
     from typing import Any
 
+    Device = Gpu | MigDevice  # for type checkers only: a runtime `A | B` of classes needs Python 3.10
+
 ALL_DEVICE = "all"
 HOOK_NAME = "createContainer"
 # The hooks run in the runtime's context with exactly this environment: nothing of the container or of the
@@ -36,8 +38,6 @@ HOOK_ENV: tuple[str, ...] = ("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr
 # A container that also goes through a legacy NVIDIA hook must not get its devices injected a second time.
 COMMON_ENV: tuple[str, ...] = (f"{VISIBLE_DEVICES}=void",)
 NODE_PERMISSIONS = "rw"  # cgroup access for each node: read and write, no mknod
-
-Device = Gpu | MigDevice
 
 
 def default_devices(inv: Inventory) -> list[Device]:

@@ -42,8 +42,10 @@ MASK = (IN_CLOSE_WRITE | IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE | IN_DELETE | I
 DEFAULT_POLL_INTERVAL = 10.0
 SETTLE = 0.2  # a module reload or MIG reconfiguration is a burst of events: let it finish first
 
-Device = Gpu | MigDevice
-Render = Callable[[Inventory, list[Device]], str]
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing; the aliases are for type checkers only
+if TYPE_CHECKING:  # (a runtime `A | B` of classes needs Python 3.10)
+    Device = Gpu | MigDevice
+    Render = Callable[[Inventory, list[Device]], str]
 Log = Callable[[str], None]
 
 

@@ -79,7 +79,7 @@ def _lines(value: Any, indent: int, out: list[str], lead: str) -> None:
         for item in value:
             prefix = lead if first else pad
             first = False
-            if isinstance(item, dict | list) and item:
+            if isinstance(item, (dict, list)) and item:
                 _lines(item, indent + 2, out, f"{prefix}- ")
             else:
                 out.append(f"{prefix}- {_empty_or_scalar(item)}")

@@ -50,9 +50,14 @@ GENERATE_OPTIONS: tuple[Option, ...] = (
 
 
 def default_hook_path() -> str:
-    """The installed `gpuhook` the spec's hooks call (see discover/executables.py); absolute."""
+    """What the spec's hooks call: the lean entry `gpuhook hook install` writes, when it is there (the install
+    prefix every shipped file names, and the fastest hook); else the installed `gpuhook`
+    (discover/executables.py). Absolute."""
+    from gpuhook.cli.entry import DEFAULT_PATH, is_ours
     from gpuhook.discover.executables import gpuhook_executable
 
+    if is_ours(DEFAULT_PATH) and os.access(DEFAULT_PATH, os.X_OK):
+        return DEFAULT_PATH
     found = gpuhook_executable()
     if found is None:
         raise CdiError(f"cannot find the gpuhook executable next to {sys.executable} or on PATH; pass --hook-path")

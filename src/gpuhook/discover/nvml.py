@@ -215,7 +215,7 @@ def _topology(nv: Any, gpus: list[NvmlGpu]) -> None:
                                     nv) == 0 for b in handles] for a in handles]
     except nv.NVMLError:
         return
-    for g, li, le, pp in zip(gpus, links, levels, p2p, strict=True):
+    for g, li, le, pp in zip(gpus, links, levels, p2p):  # each list was built over `handles`, one per GPU
         g.nvlinks, g.pci_levels, g.p2p_ok = li, le, pp
 
 

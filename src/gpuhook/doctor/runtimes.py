@@ -14,7 +14,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tomllib
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,6 +22,7 @@ from gpuhook.cdi.registry import DEFAULT_SPEC_DIRS
 from gpuhook.doctor.daemons import Daemon, running_daemons
 from gpuhook.doctor.model import INFO, OK, PROBLEM, WARN, Finding
 from gpuhook.doctor.specs import SpecStatus
+from gpuhook.fileio.tomlfile import tomllib
 from gpuhook.model import record
 from gpuhook.model.record import Record
 from gpuhook.shim.runtime import has_gpuhook_hook

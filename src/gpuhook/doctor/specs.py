@@ -30,7 +30,9 @@ from gpuhook.model.selection import find_device
 # carry their own (libnvidia-egl-gbm.so.1.1.0, libnvidia-api.so.1) and say nothing about it.
 _LIB_VERSION = re.compile(r"/lib(?:cuda|nvidia-ml)\.so\.(\d+\.\d+(?:\.\d+)?)$")
 _FIRMWARE_VERSION = re.compile(r"/firmware/nvidia/(\d+\.\d+(?:\.\d+)?)/")
-Device = Gpu | MigDevice
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing; the aliases are for type checkers only
+if TYPE_CHECKING:  # (a runtime `A | B` of classes needs Python 3.10)
+    Device = Gpu | MigDevice
 Nodes = frozenset[tuple[str, int, int]]
 
 

@@ -16,7 +16,7 @@ RUN_SYSTEMD = "/run/systemd/system"  # present when systemd is PID 1 (sd_booted)
 
 def _containerd_systemd(path: str) -> bool:
     try:
-        import tomllib
+        from gpuhook.fileio.tomlfile import tomllib
 
         with open(path, "rb") as f:
             data = tomllib.load(f)

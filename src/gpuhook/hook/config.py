@@ -241,7 +241,7 @@ def _parse_toml(text: str, path: str) -> dict[str, object]:
     simple = parse_simple(text)
     if simple is not None:
         return simple
-    import tomllib
+    from gpuhook.fileio.tomlfile import tomllib
 
     try:
         return tomllib.loads(text)

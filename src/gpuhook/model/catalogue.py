@@ -46,7 +46,9 @@ class LibrarySpec(Record):
         return f"{self.name}.so.{self.soname_version or driver_version}"
 
 
-_Entry = tuple[str, str | None] | tuple[str, str | None, str] | tuple[str, str | None, str, str]
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing; the aliases are for type checkers only
+if TYPE_CHECKING:  # (a runtime `A | B` of classes needs Python 3.10)
+    _Entry = tuple[str, str | None] | tuple[str, str | None, str] | tuple[str, str | None, str, str]
 
 
 def _libs(capability: str, *entries: _Entry) -> list[LibrarySpec]:

@@ -131,7 +131,7 @@ class Record:
         names = cls._fields
         if len(args) > len(names):
             raise TypeError(f"{cls.__name__}() takes {len(names)} positional arguments but {len(args)} were given")
-        values = dict(zip(names, args, strict=False))  # fewer arguments than fields: the rest from defaults
+        values = dict(zip(names, args))  # fewer arguments than fields: the rest from defaults
         for key in kwargs:
             if key in values:
                 raise TypeError(f"{cls.__name__}() got multiple values for argument {key!r}")
@@ -191,7 +191,7 @@ def as_dict(record: Record) -> dict[str, Any]:
 def _plain(value: Any) -> Any:
     if isinstance(value, Record):
         return as_dict(value)
-    if isinstance(value, list | tuple):
+    if isinstance(value, (list, tuple)):
         return type(value)(_plain(v) for v in value)
     if isinstance(value, dict):
         return {_plain(k): _plain(v) for k, v in value.items()}

@@ -60,7 +60,7 @@ def format_topology(inv: Inventory) -> list[str]:
         return ["topology: unknown (" + ("not read from NVML" if inv.source == "nvml" else "no NVML") + ")"]
     names = [f"GPU{g.index}" for g in inv.gpus]
     lines = ["topology:", "        " + "".join(f"{n:<6}" for n in names) + "NUMA"]
-    for g, row in zip(inv.gpus, topology.matrix(inv), strict=True):
+    for g, row in zip(inv.gpus, topology.matrix(inv)):  # one row per GPU (topology.matrix)
         numa = "N/A" if g.numa_node is None else str(g.numa_node)
         lines.append(f"  {names[g.index]:<6}" + "".join(f"{c:<6}" for c in row) + numa)
     lines.append("  legend: " + "; ".join(f"{k} = {v}" for k, v in topology.LEGEND.items()))

@@ -8,7 +8,9 @@ from gpuhook.model.edits import Selection
 from gpuhook.model.inventory import DeviceNode, Gpu, Inventory, MigDevice, normalize_bus_id
 from gpuhook.model.request import CDI_KIND, Request
 
-Device = Gpu | MigDevice
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing; the aliases are for type checkers only
+if TYPE_CHECKING:  # (a runtime `A | B` of classes needs Python 3.10)
+    Device = Gpu | MigDevice
 
 
 def all_devices(inv: Inventory) -> list[Device]:

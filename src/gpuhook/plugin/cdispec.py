@@ -16,7 +16,11 @@ from gpuhook.cdi.codec import dumps
 from gpuhook.cdi.spec import build_spec
 from gpuhook.errors import ConfigError
 from gpuhook.model.inventory import Inventory
-from gpuhook.plugin.devices import CDI_KIND, Resource, Target, advertised_targets
+from gpuhook.plugin.devices import CDI_KIND, Resource, advertised_targets
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from gpuhook.plugin.devices import Target
 
 SPEC_FILE = "nvidia.com-gpu.yaml"
 NAME_STRATEGIES = ("index", "uuid")

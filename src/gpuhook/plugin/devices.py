@@ -25,7 +25,9 @@ ANNOTATION_PLUGIN = "gpuhook"
 _RESOURCE_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _KEY_BAD = re.compile(r"[^A-Za-z0-9_.-]")
 
-Target = Gpu | MigDevice
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing; the aliases are for type checkers only
+if TYPE_CHECKING:  # (a runtime `A | B` of classes needs Python 3.10)
+    Target = Gpu | MigDevice
 
 
 class PluginDevice(Record):

@@ -21,7 +21,7 @@ import logging
 import math
 import os
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from typing import TypeVar
+from typing import TypeVar, Union
 
 from gpuhook.model import topology as topo
 from gpuhook.model.inventory import Inventory
@@ -31,7 +31,7 @@ from gpuhook.plugin.devices import PluginDevice
 log = logging.getLogger("gpuhook.plugin.topology")
 
 Unit = TypeVar("Unit", bound=Hashable)  # what the topology choice picks: a device id, or a physical device key
-Rank = tuple[int, int | str]
+Rank = tuple[int, Union[int, str]]  # noqa: UP007 - evaluated at import: Python 3.9 has no `int | str`
 
 
 class Place(Record):

@@ -11,7 +11,6 @@ import difflib
 import json
 import os
 import re
-import tomllib
 from typing import Any
 
 import tomlkit
@@ -20,6 +19,7 @@ from tomlkit.toml_document import TOMLDocument
 
 from gpuhook.errors import ConfigError
 from gpuhook.fileio.atomic import FileKindError, read_regular, write_atomic
+from gpuhook.fileio.tomlfile import tomllib
 from gpuhook.model.record import Record
 
 BACKUP_SUFFIX = ".gpuhook.bak"

@@ -17,7 +17,6 @@ import glob
 import os
 import shutil
 import subprocess
-import tomllib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -26,6 +25,7 @@ from tomlkit.toml_document import TOMLDocument
 
 from gpuhook.errors import ConfigError
 from gpuhook.fileio.atomic import FileKindError, read_regular
+from gpuhook.fileio.tomlfile import tomllib
 from gpuhook.model.record import Record, field
 from gpuhook.runtimeconfig import hookspec
 from gpuhook.runtimeconfig.files import (

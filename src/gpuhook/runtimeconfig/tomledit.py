@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-import tomllib
 from collections.abc import Callable, MutableMapping, Sequence
 from typing import Any
 
@@ -16,6 +15,7 @@ import tomlkit
 from tomlkit.items import Item
 
 from gpuhook.errors import ConfigError, GpuhookError
+from gpuhook.fileio.tomlfile import tomllib
 
 Table = MutableMapping[str, Any]
 
