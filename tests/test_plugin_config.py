@@ -447,3 +447,40 @@ def test_config_file_warnings_are_logged(monkeypatch: pytest.MonkeyPatch, tmp_pa
     path.write_text("resources:\n  gpus: [{pattern: '*', name: gpu}]\n")
     cli_options(monkeypatch, ["--config-file", str(path)], {})
     assert "Customizing the 'resources' field is not yet supported in the config. Ignoring..." in caplog.text
+
+
+# -- item 0: the default list strategy gives the GPU on runtimes with and without CDI -------------------------------
+
+
+def container_env(image_env: list[str], resp: Any, spec: dict[str, Any] | None) -> dict[str, str]:
+    """The OCI process env a CRI runtime builds: the image's, kubelet's Allocate envs on top; a runtime with CDI
+    (spec given) then applies the spec's env edits for the cdi_devices, replacing variables of the same name
+    (the CDI library's AddProcessEnv); containerd 1.6 has no CDI and ignores cdi_devices."""
+    env = dict(e.split("=", 1) for e in image_env)
+    env.update(resp.envs)
+    if spec is not None and resp.cdi_devices:
+        names = {c.name.split("=", 1)[1] for c in resp.cdi_devices}
+        edits = [spec.get("containerEdits", {})] + [d["containerEdits"] for d in spec["devices"] if d["name"] in names]
+        for edit in edits:
+            env.update(e.split("=", 1) for e in edit.get("env", []))
+    return env
+
+
+def test_default_strategy_gives_the_gpu_once_with_or_without_cdi(fake_driver: Any, kubelet: TestKubelet) -> None:
+    """kubelet's device manager allocates one GPU with the default strategies. On containerd 1.6 (no CDI) the
+    env names exactly that GPU for gpuhook's hook; on a CDI runtime the spec's edits give the device and the
+    spec's NVIDIA_VISIBLE_DEVICES=void keeps the hook from injecting it a second time."""
+    from gpuhook.cdi import codec
+    from gpuhook.model.request import visible_devices
+
+    with running(fake_driver, kubelet, Options()) as plugin:
+        kubelet.wait_registrations(1)
+        ids = [d.ID for d in kubelet.stream().first().devices]
+        resp = kubelet.client().allocate(ids[1:]).container_responses[0]
+        spec = codec.read(plugin.spec_path)
+        image = ["PATH=/usr/bin", "NVIDIA_VISIBLE_DEVICES=all"]  # a CUDA image's own default
+        assert visible_devices(container_env(image, resp, None)) == ("list", (ids[1],))
+        assert visible_devices(container_env(image, resp, spec)) == ("void", ())
+        device = next(d for d in spec["devices"] if d["name"] == ids[1])
+        assert [n["path"] for n in device["containerEdits"]["deviceNodes"]][:1] == ["/dev/nvidia1"]
+        assert [c.name for c in resp.cdi_devices] == [f"{GPU}={ids[1]}"]
