@@ -278,7 +278,7 @@ def test_daemonset_writes_the_feature_file_into_the_hosts_nfd_directory() -> Non
 
     (ds,) = yaml.safe_load_all((PLUGIN_DIR / "daemonset.yaml").read_text(encoding="utf-8"))
     pod = ds["spec"]["template"]["spec"]
-    volume = next(v for v in pod["volumes"] if v["hostPath"]["path"] == NFD_FEATURES_DIR)
+    volume = next(v for v in pod["volumes"] if v.get("hostPath", {}).get("path") == NFD_FEATURES_DIR)
     container = pod["containers"][0]
     mount = next(m for m in container["volumeMounts"] if m["name"] == volume["name"])
     flag = next(a for a in container["args"] if a.startswith("--feature-file="))

@@ -484,3 +484,25 @@ def test_default_strategy_gives_the_gpu_once_with_or_without_cdi(fake_driver: An
         device = next(d for d in spec["devices"] if d["name"] == ids[1])
         assert [n["path"] for n in device["containerEdits"]["deviceNodes"]][:1] == ["/dev/nvidia1"]
         assert [c.name for c in resp.cdi_devices] == [f"{GPU}={ids[1]}"]
+
+
+# -- item 6: the deployment ------------------------------------------------------------------------------------------
+
+
+def test_daemonset_reads_the_config_map_where_it_mounts_it() -> None:
+    base = Path(__file__).parent.parent / "plugin"
+    (ds,) = yaml.safe_load_all((base / "daemonset.yaml").read_text(encoding="utf-8"))
+    pod = ds["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    volume = next(v for v in pod["volumes"] if "configMap" in v)
+    assert volume["configMap"]["name"] == "nvidia-device-plugin-config"
+    mount = next(m for m in container["volumeMounts"] if m["name"] == volume["name"])
+    (item,) = volume["configMap"]["items"]
+    assert env["CONFIG_FILE"] == f"{mount['mountPath']}/{item['path']}" and item["key"] == "config.yaml"
+    # the file's settings must not be overridden by flags (command line beats the file)
+    flags = {a.split("=")[0] for a in container["args"][1:]}
+    assert not flags & {"--mig-strategy", "--device-list-strategy", "--device-id-strategy", "--replicas",
+                        "--pass-device-specs", "--fail-on-init-error"}
+    example = config.load(str(base / "config.yaml"))
+    assert example.list_strategies == Options().list_strategies and example.mig_strategy == Options().mig_strategy
