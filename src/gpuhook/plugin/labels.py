@@ -5,8 +5,11 @@ Label names and values follow NVIDIA's: `nvidia.com/gpu.{count,product,memory,fa
 replicas,sharing-strategy}` for whole GPUs, `nvidia.com/cuda.driver.*` / `cuda.driver-version.*` /
 `cuda.runtime.*` / `cuda.runtime-version.*`, `nvidia.com/mig.capable`, `mig.strategy` (single and mixed only),
 `nvidia.com/mig-<profile>.*` under mixed, `nvidia.com/mps.capable`; plus `nvidia.com/gpu.nvlink`, the active
-NVLinks per GPU (or `none`). Where GFD's answer depends on Go's map order (several GPU products on one node: one
-product's labels win, and its count is that product's), the lowest-indexed GPU's product wins here, whole GPUs
+NVLinks per GPU (or `none`), and `nvidia.com/gpu.present=true`. Counts, replicas and renames follow what the
+plugin advertises (Options.replication, the plan's own rule): count x replicas is what kubelet is offered, where
+GFD counts MIG-enabled GPUs as nvidia.com/gpu under every strategy. Where GFD's answer depends on Go's map order
+(several GPU products on one node: one product's labels win, and its count is that product's), the
+lowest-indexed GPU's product wins here, whole GPUs
 over MIG-enabled ones as in GFD. A device the plugin marks unhealthy is left out of the counts, so a node whose
 GPU failed stops attracting pods that select on the count.
 """
