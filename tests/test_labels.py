@@ -69,6 +69,7 @@ def test_labels_of_a_bridged_h100_node(fake_driver_factory: Any) -> None:
         "nvidia.com/gpu.family": "hopper",
         "nvidia.com/gpu.memory": "81559",
         "nvidia.com/gpu.nvlink": "12",
+        "nvidia.com/gpu.present": "true",
         "nvidia.com/gpu.product": H100,
         "nvidia.com/gpu.replicas": "1",
         "nvidia.com/gpu.sharing-strategy": "none",
@@ -103,8 +104,9 @@ def test_time_slicing_and_mig_strategies(fake_driver_mig: Any) -> None:
     assert shared["nvidia.com/gpu.product"] == f"{H100}-SHARED"
     assert shared["nvidia.com/gpu.replicas"] == "4"
     assert shared["nvidia.com/gpu.sharing-strategy"] == "time-slicing"
-    assert shared["nvidia.com/gpu.count"] == "3"  # the whole GPUs (GFD: whole GPUs win over MIG-enabled ones)
+    assert shared["nvidia.com/gpu.count"] == "4"  # under none the MIG-enabled GPU is served whole too
     assert "nvidia.com/mig.strategy" not in shared
+    assert labels(inv, Options(mig_strategy="mixed"))["nvidia.com/gpu.count"] == "3"  # the MIG-disabled ones
     mixed = labels(inv, Options(mig_strategy="mixed"))
     assert mixed["nvidia.com/mig.strategy"] == "mixed"
     assert mixed["nvidia.com/mig-1g.10gb.count"] == "2"
@@ -130,10 +132,15 @@ def test_mixed_products_are_labelled_as_gfd_does() -> None:
     assert got["nvidia.com/gpu.product"] == "NVIDIA-A30"
     assert got["nvidia.com/gpu.count"] == "2" and got["nvidia.com/gpu.memory"] == "2000"
     assert got["nvidia.com/gpu.family"] == "ampere"
-    # every GPU MIG-enabled: the MIG-enabled product, without sharing
+    # every GPU MIG-enabled, under mixed: the MIG-enabled product, without sharing, none allocatable whole
     all_mig = record.replace(inv, gpus=[record.replace(g, mig_enabled=True) for g in inv.gpus])
-    got = labels(all_mig)
+    got = labels(all_mig, Options(mig_strategy="mixed"))
     assert got["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-40GB" and got["nvidia.com/gpu.replicas"] == "0"
+    assert got["nvidia.com/gpu.count"] == "0"
+    # ... under none they are served as whole GPUs, and labelled so
+    got = labels(all_mig)
+    assert (got["nvidia.com/gpu.product"], got["nvidia.com/gpu.count"], got["nvidia.com/gpu.replicas"]) == (
+        "NVIDIA-A100-SXM4-40GB", "2", "1")
 
 
 def test_unhealthy_devices_leave_the_count(fake_driver_factory: Any) -> None:
@@ -271,7 +278,7 @@ def test_daemonset_writes_the_feature_file_into_the_hosts_nfd_directory() -> Non
 
     (ds,) = yaml.safe_load_all((PLUGIN_DIR / "daemonset.yaml").read_text(encoding="utf-8"))
     pod = ds["spec"]["template"]["spec"]
-    volume = next(v for v in pod["volumes"] if v["hostPath"]["path"] == NFD_FEATURES_DIR)
+    volume = next(v for v in pod["volumes"] if v.get("hostPath", {}).get("path") == NFD_FEATURES_DIR)
     container = pod["containers"][0]
     mount = next(m for m in container["volumeMounts"] if m["name"] == volume["name"])
     flag = next(a for a in container["args"] if a.startswith("--feature-file="))

@@ -605,7 +605,7 @@ def test_deployment_manifests_parse() -> None:
     (ds,) = yaml.safe_load_all((base / "daemonset.yaml").read_text(encoding="utf-8"))
     assert ds["kind"] == "DaemonSet"
     pod = ds["spec"]["template"]["spec"]
-    paths = {v["hostPath"]["path"] for v in pod["volumes"]}
+    paths = {v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
     assert {"/var/lib/kubelet/device-plugins", "/var/run/cdi", "/dev", "/"} <= paths
     assert pod["automountServiceAccountToken"] is False
     args = pod["containers"][0]["args"]

@@ -1,19 +1,54 @@
-"""`gpuhook device-plugin`: parse flags, build a PluginConfig, run until SIGTERM (exit 0)."""
+"""`gpuhook device-plugin`: parse flags, the environment and NVIDIA's config file, build a PluginConfig, run
+until SIGTERM (exit 0).
+
+NVIDIA's environment variables are the flags' `envvar`s (click reads the command line first, then the
+environment, as urfave/cli does); plugin/settings.py puts both before the config file (plugin/config.py).
+"""
 
 from __future__ import annotations
 
 import logging
 import os
 import sys
+from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from gpuhook.cli.app import CACHE_OPTION, root_options
 from gpuhook.cli.inventory import load_inventory
-from gpuhook.errors import ConfigError, GpuhookError
-from gpuhook.plugin.devices import ID_STRATEGIES, LIST_STRATEGIES, MIG_STRATEGIES, Options, parse_list_strategies
+from gpuhook.errors import ConfigError, GpuhookError, clip
+from gpuhook.plugin.devices import (
+    DEFAULT_LIST_STRATEGIES,
+    ID_STRATEGIES,
+    LIST_STRATEGIES,
+    MIG_STRATEGIES,
+    Options,
+    parse_list_strategies,
+)
 from gpuhook.plugin.health import DEFAULT_IGNORED_XIDS, HealthConfig, parse_xids
 from gpuhook.plugin.lifecycle import DEFAULT_KUBELET_DIR, PluginConfig, serve_forever
+from gpuhook.plugin.settings import parse_go_bool, resolve
+
+log = logging.getLogger("gpuhook.plugin")
+
+
+class GoBool(click.ParamType):
+    """A boolean flag value as NVIDIA's (urfave/cli) reads it, from the command line or the environment."""
+
+    name = "boolean"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> bool:
+        if isinstance(value, bool):
+            return value
+        try:
+            return parse_go_bool(str(value))
+        except ValueError as exc:
+            self.fail(clip(str(exc), quote=False), param, ctx)
+
+
+# click parameter -> gpuhook setting (plugin/settings.SETTINGS) where the names differ
+PARAM_SETTING = {"device_list_strategy": "list_strategies", "device_id_strategy": "id_strategy"}
 
 
 def default_hook_path() -> str:
@@ -27,21 +62,38 @@ def default_hook_path() -> str:
 @root_options
 @click.option("--kubelet-dir", default=DEFAULT_KUBELET_DIR, show_default=True,
               help="Kubelet's device-plugin directory (kubelet.sock and our sockets).")
+@click.option("--config-file", envvar="CONFIG_FILE", default=None, show_envvar=True,
+              help="NVIDIA k8s-device-plugin's config file (v1 schema, e.g. its ConfigMap mounted): flags, "
+                   "sharing.timeSlicing. Flags and environment variables win over it.")
 @click.option("--resource-name", default="nvidia.com/gpu", show_default=True, help="Extended resource advertised.")
-@click.option("--device-list-strategy", default="cdi-cri", show_default=True,
-              help=f"How Allocate names devices: comma list of {', '.join(LIST_STRATEGIES)}. volume-mounts "
-                   "needs accept-volume-mounts = true in the nodes' gpuhook config (off by default, as NVIDIA's).")
-@click.option("--device-id-strategy", type=click.Choice(ID_STRATEGIES), default="uuid", show_default=True,
-              help="Device ids kubelet sees (and CDI names Allocate returns).")
-@click.option("--mig-strategy", type=click.Choice(MIG_STRATEGIES), default="none", show_default=True,
+@click.option("--device-list-strategy", envvar="DEVICE_LIST_STRATEGY", show_envvar=True,
+              default=",".join(DEFAULT_LIST_STRATEGIES), show_default=True,
+              help=f"How Allocate names devices: comma list of {', '.join(LIST_STRATEGIES)}. The default gives "
+                   "CDI names and NVIDIA_VISIBLE_DEVICES, so runtimes without CDI (containerd 1.6) get the GPU "
+                   "through gpuhook's hook; the spec's NVIDIA_VISIBLE_DEVICES=void stops a second injection where "
+                   "the runtime applies CDI. volume-mounts needs accept-volume-mounts = true in the nodes' gpuhook "
+                   "config (off by default, as NVIDIA's).")
+@click.option("--device-id-strategy", envvar="DEVICE_ID_STRATEGY", show_envvar=True, type=click.Choice(ID_STRATEGIES),
+              default="uuid", show_default=True, help="Device ids kubelet sees (and CDI names Allocate returns).")
+@click.option("--mig-strategy", envvar="MIG_STRATEGY", show_envvar=True, type=click.Choice(MIG_STRATEGIES),
+              default="none", show_default=True,
               help="none: whole GPUs; single: MIG devices as the resource; mixed: nvidia.com/mig-<profile> too.")
+@click.option("--fail-on-init-error", envvar="FAIL_ON_INIT_ERROR", show_envvar=True, type=GoBool(), default=True,
+              is_flag=False, flag_value="true", show_default=True,
+              help="false: a node without a usable GPU keeps the plugin running, serving nothing.")
+@click.option("--pass-device-specs", envvar="PASS_DEVICE_SPECS", show_envvar=True, type=GoBool(), default=False,
+              is_flag=False, flag_value="true", show_default=True,
+              help="Allocate also returns the device nodes (DeviceSpecs), for the CPU manager's static policy "
+                   "(with a non-CDI device list strategy, as NVIDIA's).")
 @click.option("--replicas", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Time-slicing: advertise each device N times as <id>::<n>.")
+              help="Time-slicing: advertise each device N times as <id>::<n> (or sharing.timeSlicing in "
+                   "--config-file).")
 @click.option("--cdi-spec-dir", default="/var/run/cdi", show_default=True,
               help="Where the CDI spec for the advertised devices is written (nvidia.com-gpu.yaml).")
-@click.option("--host-driver-root", default=None,
+@click.option("--host-driver-root", "--nvidia-driver-root", envvar="NVIDIA_DRIVER_ROOT", show_envvar=True,
+              default=None,
               help="The driver root as the container runtime sees it, when it differs from --driver-root "
-                   "(the plugin runs in a container) [default: --driver-root].")
+                   "(the plugin runs in a container) [default: --driver-root; NVIDIA's nvidiaDriverRoot].")
 @click.option("--hook-path", default=None, help="Host path of gpuhook for the CDI spec's hooks [default: this one].")
 @click.option("--health-checks", type=click.Choice(["on", "off"]), default="on", show_default=True,
               help="XID events, device nodes and lost GPUs mark devices unhealthy.")
@@ -59,10 +111,11 @@ def default_hook_path() -> str:
               show_default=True)
 @CACHE_OPTION
 def device_plugin(driver_root: str, dev_root: str | None, proc_root: str | None, discovery: str, kubelet_dir: str,
-                  resource_name: str, device_list_strategy: str, device_id_strategy: str, mig_strategy: str,
-                  replicas: int, cdi_spec_dir: str, host_driver_root: str | None, hook_path: str | None,
-                  health_checks: str, ignored_xids: str, recovery_window: float, health_interval: float,
-                  sys_root: str, feature_file: str | None, log_level: str, inventory_cache: str | None) -> None:
+                  config_file: str | None, resource_name: str, device_list_strategy: str, device_id_strategy: str,
+                  mig_strategy: str, fail_on_init_error: bool, pass_device_specs: bool, replicas: int,
+                  cdi_spec_dir: str, host_driver_root: str | None, hook_path: str | None, health_checks: str,
+                  ignored_xids: str, recovery_window: float, health_interval: float, sys_root: str,
+                  feature_file: str | None, log_level: str, inventory_cache: str | None) -> None:
     """Kubelet device plugin: advertise GPUs with health, answer Allocate with CDI device names."""
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -70,22 +123,49 @@ def device_plugin(driver_root: str, dev_root: str | None, proc_root: str | None,
         xids = parse_xids(ignored_xids)
     except ValueError as exc:
         raise ConfigError(f"--ignored-xids: {exc}") from None
-    options = Options(resource_name=resource_name, id_strategy=device_id_strategy, mig_strategy=mig_strategy,
-                      replicas=replicas, list_strategies=parse_list_strategies(device_list_strategy))
+    ctx = click.get_current_context()
+    given = {name: value for name, value in ctx.params.items()
+             if ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)}
+    values = {**ctx.params, "device_list_strategy": parse_list_strategies(device_list_strategy)}
+    explicit = {PARAM_SETTING.get(k, k): values[k] for k in given}
+    defaults = {PARAM_SETTING.get(k, k): v for k, v in values.items() if k not in given and v is not None}
+    file = None
+    if config_file:
+        from gpuhook.plugin import config as nvidia_config
+
+        file = nvidia_config.load(config_file)
+        for warning in file.warnings:
+            log.warning("%s: %s", clip(config_file, quote=False), warning)
+        if file.sharing is not None and "replicas" in given:
+            raise ConfigError(f"--replicas and sharing.timeSlicing in {clip(config_file, quote=False)}: "
+                              "give time-slicing once")
+    settings = resolve(explicit, file, defaults)
+    host_root = settings.get("host_driver_root")
+    read_root = settings["driver_root"] if "driver_root" in given or (file and file.driver_root) else (
+        host_root or driver_root)
+    sharing = file.sharing if file is not None else None
+    options = Options(resource_name=resource_name, id_strategy=settings["id_strategy"],
+                      mig_strategy=settings["mig_strategy"], replicas=replicas,
+                      list_strategies=settings["list_strategies"],
+                      shared=sharing.resources if sharing else (),
+                      fail_requests_greater_than_one=bool(sharing and sharing.fail_requests_greater_than_one),
+                      pass_device_specs=settings["pass_device_specs"],
+                      gated_env=file.gated_env if file is not None else ())
     options.check()
     config = PluginConfig(
         options=options,
         kubelet_dir=os.path.abspath(kubelet_dir),
         cdi_spec_dir=os.path.abspath(cdi_spec_dir),
         hook_path=hook_path or default_hook_path(),
-        host_driver_root=host_driver_root,
+        host_driver_root=host_root,
         health=HealthConfig(enabled=health_checks == "on", ignored_xids=xids, recovery_window=recovery_window,
                             interval=health_interval),
         sys_root=sys_root,
         feature_file=os.path.abspath(feature_file) if feature_file else None,
+        fail_on_init_error=settings["fail_on_init_error"],
     )
+    method = settings.get("discovery", discovery)
     try:
-        serve_forever(config, lambda: load_inventory(driver_root, dev_root, proc_root, discovery,
-                                                            inventory_cache))
+        serve_forever(config, lambda: load_inventory(read_root, dev_root, proc_root, method, inventory_cache))
     except OSError as exc:
         raise GpuhookError(f"device plugin: {exc}") from None

@@ -12,7 +12,10 @@ from collections.abc import Mapping, Sequence
 from gpuhook.model.contract import VISIBLE_DEVICES, VOLUME_MOUNT_DIR
 from gpuhook.model.record import Record
 from gpuhook.plugin import api_pb2 as pb
-from gpuhook.plugin.devices import PluginDevice, annotation_key
+from gpuhook.plugin.devices import REPLICA_SEP, Options, PluginDevice, annotation_key
+from gpuhook.plugin.devicespecs import DeviceSpecs
+
+CDI_STRATEGIES = ("cdi-cri", "cdi-annotations")
 
 
 class AllocationError(ValueError):
@@ -32,9 +35,13 @@ class Bad(Record):
         return "; ".join(parts)
 
 
-def resolve(ids: Sequence[str], by_id: Mapping[str, PluginDevice], unhealthy: Mapping[tuple[int, int], str]
-            ) -> list[PluginDevice]:
-    """The devices for one container's ids, duplicates (by underlying device) removed, in request order."""
+def resolve(ids: Sequence[str], by_id: Mapping[str, PluginDevice], unhealthy: Mapping[tuple[int, int], str],
+            one_replica: bool = False) -> list[PluginDevice]:
+    """The devices for one container's ids, duplicates (by underlying device) removed, in request order.
+    `one_replica` (failRequestsGreaterThanOne): a request naming a replica may name nothing else, as NVIDIA's
+    ValidateRequest refuses it."""
+    if one_replica and len(ids) > 1 and any(REPLICA_SEP in i for i in ids):
+        raise AllocationError(f"maximum request size for shared resources is 1; found {len(ids)}")
     unknown = [i for i in ids if i not in by_id]
     sick = [i for i in ids if i in by_id and by_id[i].key in unhealthy]
     if unknown or sick:
@@ -49,8 +56,14 @@ def resolve(ids: Sequence[str], by_id: Mapping[str, PluginDevice], unhealthy: Ma
     return out
 
 
-def container_response(devices: Sequence[PluginDevice], strategies: Sequence[str]) -> pb.ContainerAllocateResponse:
+def container_response(devices: Sequence[PluginDevice], options: Options,
+                       specs: DeviceSpecs | None = None) -> pb.ContainerAllocateResponse:
+    """One container's answer. As NVIDIA's getAllocateResponse: the gated variables always, DeviceSpecs only
+    with a non-CDI strategy in the list (with CDI the spec gives the nodes)."""
+    strategies = options.list_strategies
     resp = pb.ContainerAllocateResponse()
+    for name in options.gated_env:
+        resp.envs[name] = "enabled"
     if "cdi-cri" in strategies:
         resp.cdi_devices.extend(pb.CDIDevice(name=d.cdi_name) for d in devices)
     if "envvar" in strategies:
@@ -63,16 +76,19 @@ def container_response(devices: Sequence[PluginDevice], strategies: Sequence[str
     if "cdi-annotations" in strategies:
         for d in devices:
             resp.annotations[annotation_key(d.base_id)] = d.cdi_name
+    if options.pass_device_specs and specs is not None and any(s not in CDI_STRATEGIES for s in strategies):
+        resp.devices.extend(specs.for_devices(devices))
     return resp
 
 
 def allocate(request: pb.AllocateRequest, by_id: Mapping[str, PluginDevice],
-             unhealthy: Mapping[tuple[int, int], str], strategies: Sequence[str]
+             unhealthy: Mapping[tuple[int, int], str], options: Options, specs: DeviceSpecs | None = None
              ) -> tuple[pb.AllocateResponse, list[list[PluginDevice]]]:
     """The whole AllocateResponse and each container's devices (for the log); raises AllocationError naming
     every bad id of the first bad container."""
     out = pb.AllocateResponse()
-    chosen = [resolve(creq.devices_ids, by_id, unhealthy) for creq in request.container_requests]
+    chosen = [resolve(creq.devices_ids, by_id, unhealthy, options.fail_requests_greater_than_one)
+              for creq in request.container_requests]
     for devices in chosen:
-        out.container_responses.append(container_response(devices, strategies))
+        out.container_responses.append(container_response(devices, options, specs))
     return out, chosen

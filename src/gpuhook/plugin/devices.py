@@ -67,12 +67,38 @@ class Resource(Record):
         return {d.id: d for d in self.devices}
 
 
+class SharedResource(Record):
+    """Time-slicing of one resource (NVIDIA's sharing.timeSlicing.resources[]): each of its devices advertised
+    `replicas` times, under `rename` (e.g. nvidia.com/gpu.shared) when that is set."""
+
+    name: str
+    replicas: int
+    rename: str = ""
+
+
+# CDI names for runtimes that read them (containerd >= 1.7, CRI-O) and NVIDIA_VISIBLE_DEVICES for those that do
+# not (containerd 1.6) and gpuhook's hook or shim: the spec's own NVIDIA_VISIBLE_DEVICES=void overrides the
+# variable when a runtime applies the CDI devices, so no container gets its GPU twice.
+DEFAULT_LIST_STRATEGIES = ("cdi-cri", "envvar")
+
+
 class Options(Record):
     resource_name: str = "nvidia.com/gpu"
     id_strategy: str = "uuid"
     mig_strategy: str = "none"
-    replicas: int = 1
-    list_strategies: tuple[str, ...] = ("cdi-cri",)
+    replicas: int = 1  # every resource not in `shared` (gpuhook's --replicas)
+    list_strategies: tuple[str, ...] = DEFAULT_LIST_STRATEGIES
+    shared: tuple[SharedResource, ...] = ()  # per-resource time-slicing (the config file's sharing.timeSlicing)
+    fail_requests_greater_than_one: bool = False  # Allocate refuses more than one replica per container
+    pass_device_specs: bool = False  # Allocate also names the device nodes (DeviceSpec), for non-CDI strategies
+    gated_env: tuple[str, ...] = ()  # NVIDIA_GDS & co set to `enabled` in every Allocate (NVIDIA's gdsEnabled…)
+
+    def replication(self, name: str) -> tuple[int, str]:
+        """(replicas, advertised name) of the resource `name`: its time-slicing entry, else --replicas."""
+        for entry in self.shared:
+            if entry.name == name:
+                return entry.replicas, entry.rename or name
+        return self.replicas, name
 
     def check(self) -> None:
         if not _RESOURCE_RE.match(self.resource_name):
@@ -83,6 +109,9 @@ class Options(Record):
             raise ConfigError(f"unknown MIG strategy {self.mig_strategy!r}")
         if self.replicas < 1:
             raise ConfigError(f"--replicas must be at least 1, not {self.replicas}")
+        for entry in self.shared:
+            if entry.replicas < 2:
+                raise ConfigError(f"time-slicing of {entry.name}: replicas must be at least 2, not {entry.replicas}")
         unknown = [s for s in self.list_strategies if s not in LIST_STRATEGIES]
         if unknown or not self.list_strategies:
             raise ConfigError(f"unknown device list strategy {', '.join(unknown) or '(empty)'} "
@@ -113,14 +142,20 @@ def _node_paths(inv: Inventory, target: Target) -> tuple[str, ...]:
     return tuple(n.host_path for n in device_edits(inv, target, frozenset()).device_nodes)
 
 
-def _devices(inv: Inventory, targets: Iterable[Target], opts: Options) -> tuple[PluginDevice, ...]:
+def _resource(inv: Inventory, name: str, targets: Iterable[Target], opts: Options) -> Resource:
+    """One resource under its advertised name, each device replicated as its time-slicing says."""
+    replicas, advertised = opts.replication(name)
+    return Resource(advertised, _devices(inv, targets, opts, replicas))
+
+
+def _devices(inv: Inventory, targets: Iterable[Target], opts: Options, replicas: int) -> tuple[PluginDevice, ...]:
     out: list[PluginDevice] = []
     for target in targets:
         ident = base_id(target, opts.id_strategy)
         gpu = target if isinstance(target, Gpu) else inv.gpus[target.gpu_index]
-        for n in range(opts.replicas):
+        for n in range(replicas):
             out.append(PluginDevice(
-                id=f"{ident}{REPLICA_SEP}{n}" if opts.replicas > 1 else ident,
+                id=f"{ident}{REPLICA_SEP}{n}" if replicas > 1 else ident,
                 base_id=ident,
                 target=target,
                 cdi_name=f"{CDI_KIND}={ident}",
@@ -161,9 +196,9 @@ def plan(inv: Inventory, opts: Options) -> list[Resource]:
     """The resources to serve (none without devices), each in index order. Raises ConfigError (one line)."""
     opts.check()
     if opts.mig_strategy == "none":
-        resources = [Resource(opts.resource_name, _devices(inv, inv.gpus, opts))]
+        resources = [_resource(inv, opts.resource_name, inv.gpus, opts)]
     elif opts.mig_strategy == "single":
-        resources = [Resource(opts.resource_name, _devices(inv, _single(inv), opts))]
+        resources = [_resource(inv, opts.resource_name, _single(inv), opts)]
     else:
         resources = _mixed(inv, opts)
     return [r for r in resources if r.devices]
@@ -171,15 +206,14 @@ def plan(inv: Inventory, opts: Options) -> list[Resource]:
 
 def _mixed(inv: Inventory, opts: Options) -> list[Resource]:
     """`mixed`: whole GPUs under the main resource, each MIG profile its own `<domain>/mig-<profile>` resource."""
-    resources = [Resource(opts.resource_name, _devices(inv, [g for g in inv.gpus if not g.mig_enabled], opts))]
+    resources = [_resource(inv, opts.resource_name, [g for g in inv.gpus if not g.mig_enabled], opts)]
     by_profile: dict[str, list[MigDevice]] = {}
     for mig in inv.all_mig_devices():
         if not mig.profile:
             raise ConfigError(f"MIG strategy mixed: MIG device {mig.name} has no known profile (NVML needed)")
         by_profile.setdefault(mig.profile, []).append(mig)
     for profile in sorted(by_profile):
-        resources.append(Resource(mig_resource_name(opts.resource_name, profile),
-                                  _devices(inv, by_profile[profile], opts)))
+        resources.append(_resource(inv, mig_resource_name(opts.resource_name, profile), by_profile[profile], opts))
     return resources
 
 

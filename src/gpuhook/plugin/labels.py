@@ -5,8 +5,11 @@ Label names and values follow NVIDIA's: `nvidia.com/gpu.{count,product,memory,fa
 replicas,sharing-strategy}` for whole GPUs, `nvidia.com/cuda.driver.*` / `cuda.driver-version.*` /
 `cuda.runtime.*` / `cuda.runtime-version.*`, `nvidia.com/mig.capable`, `mig.strategy` (single and mixed only),
 `nvidia.com/mig-<profile>.*` under mixed, `nvidia.com/mps.capable`; plus `nvidia.com/gpu.nvlink`, the active
-NVLinks per GPU (or `none`). Where GFD's answer depends on Go's map order (several GPU products on one node: one
-product's labels win, and its count is that product's), the lowest-indexed GPU's product wins here, whole GPUs
+NVLinks per GPU (or `none`), and `nvidia.com/gpu.present=true`. Counts, replicas and renames follow what the
+plugin advertises (Options.replication, the plan's own rule): count x replicas is what kubelet is offered, where
+GFD counts MIG-enabled GPUs as nvidia.com/gpu under every strategy. Where GFD's answer depends on Go's map order
+(several GPU products on one node: one product's labels win, and its count is that product's), the
+lowest-indexed GPU's product wins here, whole GPUs
 over MIG-enabled ones as in GFD. A device the plugin marks unhealthy is left out of the counts, so a node whose
 GPU failed stops attracting pods that select on the count.
 """
@@ -18,7 +21,7 @@ import re
 from collections.abc import Collection, Iterable
 
 from gpuhook.model import topology
-from gpuhook.model.inventory import Gpu, Inventory, MigDevice
+from gpuhook.model.inventory import Inventory, MigDevice
 from gpuhook.model.record import Record
 from gpuhook.plugin.devices import Options, mig_resource_name
 
@@ -79,10 +82,11 @@ class _Resource(Record):
     count: int
     replicas: int  # 0: sharing not applicable (MIG-enabled parents, as GFD labels them)
     memory_mib: int | None = None  # None: unknown (no label)
+    renamed: bool = False  # advertised under another name (nvidia.com/gpu.shared): GFD adds no -SHARED then
 
     def labels(self) -> dict[str, str]:
         shared = self.replicas > 1
-        product = _value("-".join([self.product, "SHARED"]) if shared else self.product)
+        product = _value("-".join([self.product, "SHARED"]) if shared and not self.renamed else self.product)
         out = {
             f"{self.name}.product": product,
             f"{self.name}.count": str(self.count),
@@ -94,17 +98,27 @@ class _Resource(Record):
         return out
 
 
-def _gpu_labels(gpus: list[Gpu], unhealthy: Collection[Key], replicas: int) -> dict[str, str]:
-    """Whole-GPU labels: the product of the lowest-indexed whole GPU (MIG-enabled ones only when every GPU is)."""
-    whole = [g for g in gpus if not g.mig_enabled]
-    pick = (whole or gpus)[0]
+def _sharing(opts: Options, name: str) -> tuple[int, bool]:
+    """(replicas, renamed) of the resource the plan calls `name`: the labels read the plugin's own rule."""
+    replicas, advertised = opts.replication(name)
+    return replicas, advertised != name
+
+
+def _gpu_labels(inv: Inventory, opts: Options, unhealthy: Collection[Key]) -> dict[str, str]:
+    """Whole-GPU labels for what the plugin advertises as whole GPUs: every GPU under `none` (MIG-enabled ones
+    are served whole then), the MIG-disabled ones under single/mixed. The product is the lowest-indexed such
+    GPU's, MIG-disabled ones first (as GFD's full-GPU labels win); the count is that product's advertised
+    devices. With no whole GPU advertised (every GPU MIG-enabled under single/mixed) the MIG-enabled product is
+    labelled without sharing (replicas 0, as GFD) and count 0: nothing is allocatable as nvidia.com/gpu."""
+    gpus = inv.gpus
+    whole = list(gpus) if opts.mig_strategy == "none" else [g for g in gpus if not g.mig_enabled]
+    pick = ([g for g in whole if not g.mig_enabled] or whole or list(gpus))[0]
     products = sorted({g.name for g in gpus})
     if len(products) > 1:
         log.warning("multiple GPU products on this node (%s): labelling %s", ", ".join(products), pick.name)
-    same = [g for g in gpus if g.name == pick.name and g.mig_enabled == pick.mig_enabled]
-    count = sum(1 for g in same if (g.index, -1) not in unhealthy)
-    out = _Resource(GPU_RESOURCE, sanitise(pick.name), count, 0 if pick.mig_enabled else replicas,
-                    pick.memory_mib).labels()
+    count = sum(1 for g in whole if g.name == pick.name and (g.index, -1) not in unhealthy)
+    replicas, renamed = _sharing(opts, opts.resource_name) if whole else (0, False)
+    out = _Resource(GPU_RESOURCE, sanitise(pick.name), count, replicas, pick.memory_mib, renamed).labels()
     if pick.compute_capability:
         major, _, minor = pick.compute_capability.partition(".")
         if major.isdigit() and minor.isdigit() and int(major):
@@ -126,23 +140,24 @@ def _mig_labels(inv: Inventory, opts: Options, unhealthy: Collection[Key]) -> di
             log.warning("invalid configuration for MIG strategy single: labelling %s as INVALID", enabled[0].name)
             return {f"{GPU_RESOURCE}.product": _value(f"{sanitise(enabled[0].name)}-MIG-INVALID"),
                     f"{GPU_RESOURCE}.count": "0", f"{GPU_RESOURCE}.replicas": "0", f"{GPU_RESOURCE}.memory": "0"}
-        return _mig_resource(inv, GPU_RESOURCE, migs, opts.replicas, unhealthy).labels()
+        return _mig_resource(inv, GPU_RESOURCE, migs, _sharing(opts, opts.resource_name), unhealthy).labels()
     out: dict[str, str] = {}
     by_profile: dict[str, list[MigDevice]] = {}
     for m in migs:
         by_profile.setdefault(m.profile, []).append(m)
     for profile in sorted(p for p in by_profile if p):
         name = mig_resource_name(GPU_RESOURCE, profile)
-        out.update(_mig_resource(inv, name, by_profile[profile], opts.replicas, unhealthy).labels())
+        sharing = _sharing(opts, mig_resource_name(opts.resource_name, profile))
+        out.update(_mig_resource(inv, name, by_profile[profile], sharing, unhealthy).labels())
     return out
 
 
-def _mig_resource(inv: Inventory, name: str, migs: list[MigDevice], replicas: int,
+def _mig_resource(inv: Inventory, name: str, migs: list[MigDevice], sharing: tuple[int, bool],
                   unhealthy: Collection[Key]) -> _Resource:
     first = migs[0]
     product = f"{sanitise(inv.gpus[first.gpu_index].name)}-MIG-{sanitise(first.profile)}"
     count = sum(1 for m in migs if (m.gpu_index, m.index) not in unhealthy)
-    return _Resource(name, product, count, replicas, first.memory_mib)
+    return _Resource(name, product, count, sharing[0], first.memory_mib, sharing[1])
 
 
 def _version_labels(inv: Inventory) -> dict[str, str]:
@@ -185,9 +200,10 @@ def labels(inv: Inventory, opts: Options = Options(), unhealthy: Collection[Key]
     if not inv.gpus:
         return {}
     out = _version_labels(inv)
+    out[f"{GPU_RESOURCE}.present"] = "true"  # what NVIDIA's DaemonSets (and ours) select GPU nodes on
     out[f"{PREFIX}/mig.capable"] = "true" if any(g.mig_capable or g.mig_enabled for g in inv.gpus) else "false"
     out[f"{PREFIX}/mps.capable"] = "false"
-    out.update(_gpu_labels(inv.gpus, unhealthy, opts.replicas))
+    out.update(_gpu_labels(inv, opts, unhealthy))
     if opts.mig_strategy != "none":
         out[f"{PREFIX}/mig.strategy"] = opts.mig_strategy
         out.update(_mig_labels(inv, opts, unhealthy))

@@ -24,6 +24,7 @@ from gpuhook.model.inventory import Inventory
 from gpuhook.model.record import Record, field
 from gpuhook.plugin import cdispec, topology
 from gpuhook.plugin.devices import Options, Resource, plan
+from gpuhook.plugin.devicespecs import DeviceSpecs
 from gpuhook.plugin.featurefile import FeatureFile
 from gpuhook.plugin.health import HealthConfig, HealthMonitor
 from gpuhook.plugin.registration import KUBELET_SOCKET, Registrar
@@ -48,6 +49,7 @@ class PluginConfig(Record):
     sys_root: str = "/sys"
     nvml_library: str | None = None  # None: the driver root's libnvidia-ml.so.1
     feature_file: str | None = None  # NFD features.d file kept current with the GPU feature labels
+    fail_on_init_error: bool = True  # False: no usable GPU leaves the plugin running, serving nothing
 
 
 class Served(Record, frozen=False):
@@ -87,14 +89,29 @@ class Plugin:
 
     # -- start / stop -------------------------------------------------------------------------------------------
     def start(self) -> None:
-        """Discover, plan, write the spec, start health, serve each resource, then ask to register."""
-        inv = self.load_inventory()
+        """Discover, plan, write the spec, start health, serve each resource, then ask to register.
+
+        A node without a usable GPU (discovery failing, nothing to advertise) is an error, unless
+        `fail_on_init_error` is off: then, as NVIDIA's plugin does on mixed clusters, the process stays up,
+        says why, serves and registers nothing, and discovers again on SIGHUP. A configuration the devices
+        cannot meet (a MIG layout `single` cannot serve) stays an error either way, as NVIDIA's does."""
+        try:
+            inv = self.load_inventory()
+        except GpuhookError as exc:
+            if self.config.fail_on_init_error:
+                raise
+            self._idle(f"discovery failed: {exc}")
+            return
         resources = plan(inv, self.config.options)
         if not resources:
-            from gpuhook.errors import ConfigError
+            why = (f"no device to advertise (driver root {inv.driver_root}, "
+                   f"MIG strategy {self.config.options.mig_strategy})")
+            if self.config.fail_on_init_error:
+                from gpuhook.errors import ConfigError
 
-            raise ConfigError(f"no device to advertise (driver root {inv.driver_root}, "
-                              f"MIG strategy {self.config.options.mig_strategy})")
+                raise ConfigError(why)
+            self._idle(why)
+            return
         if self.config.cdi_spec_dir is not None:
             self.spec_path = cdispec.write(inv, resources, self.config.cdi_spec_dir, self.config.hook_path,
                                            self.config.host_driver_root)
@@ -112,7 +129,9 @@ class Plugin:
         self.monitor.start()
         for resource in resources:
             table = topology.build(inv, resource.devices, self.config.sys_root)
-            service = DevicePluginService(resource, self.board, table, self.config.options.list_strategies, inv)
+            specs = (DeviceSpecs(inv, resource.devices, self.config.host_driver_root)
+                     if self.config.options.pass_device_specs else None)
+            service = DevicePluginService(resource, self.board, table, self.config.options, inv, specs)
             endpoint = Endpoint(service, os.path.join(self.config.kubelet_dir, resource.socket_name))
             endpoint.start()
             registrar = Registrar(self.kubelet_socket, resource.socket_name, resource.name)
@@ -121,6 +140,11 @@ class Plugin:
                      ", ".join(d.id for d in resource.devices))
         for s in self.served:
             s.registrar.request()
+
+    def _idle(self, why: str) -> None:
+        self.inventory, self.resources = None, []
+        log.warning("%s; failOnInitError is false: serving no devices, not registering (SIGHUP: discover again)",
+                    why)
 
     def shutdown(self) -> None:
         """Stop registering and serving, remove our sockets, stop the health thread."""

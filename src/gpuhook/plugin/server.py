@@ -22,7 +22,8 @@ from gpuhook.model.inventory import Inventory
 from gpuhook.plugin import api_pb2 as pb
 from gpuhook.plugin import api_pb2_grpc as pb_grpc
 from gpuhook.plugin.allocate import AllocationError, allocate
-from gpuhook.plugin.devices import Resource
+from gpuhook.plugin.devices import Options, Resource
+from gpuhook.plugin.devicespecs import DeviceSpecs
 from gpuhook.plugin.state import HealthBoard
 from gpuhook.plugin.topology import Chooser, Place
 
@@ -39,11 +40,12 @@ def _ms(start: float) -> float:
 
 class DevicePluginService(pb_grpc.DevicePluginServicer):
     def __init__(self, resource: Resource, board: HealthBoard, table: dict[str, Place],
-                 strategies: Sequence[str], inventory: Inventory | None = None) -> None:
+                 options: Options, inventory: Inventory | None = None, specs: DeviceSpecs | None = None) -> None:
         self.resource = resource
         self.board = board
         self.table = table
-        self.strategies = tuple(strategies)
+        self.options = options
+        self.specs = specs  # DeviceSpecs for passDeviceSpecs, built once
         self.by_id = resource.by_id()
         self.chooser = Chooser(resource.devices, table, inventory)  # the inventory's GPU links, read once
         self.stopped = threading.Event()
@@ -103,7 +105,7 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         start = time.monotonic()
         ids = "; ".join(f"[{','.join(c.devices_ids)}]" for c in request.container_requests)
         try:
-            response, chosen = allocate(request, self.by_id, self.board.unhealthy, self.strategies)
+            response, chosen = allocate(request, self.by_id, self.board.unhealthy, self.options, self.specs)
         except AllocationError as exc:
             log.warning("Allocate %s: ids %s refused in %.1f ms: %s", self.resource.name, ids, _ms(start), exc)
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{self.resource.name}: {exc}")
