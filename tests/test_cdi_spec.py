@@ -183,7 +183,7 @@ def test_common_edits_come_from_the_planning_model() -> None:
     assert node_paths(edits) == [n.path for n in common.device_nodes]
     assert [(m["hostPath"], m["containerPath"]) for m in edits["mounts"]] == [
         (m.host_path, m.container_path) for m in common.mounts]
-    for mount, planned in zip(edits["mounts"], common.mounts, strict=True):
+    for mount, planned in zip(edits["mounts"], common.mounts):
         assert mount["options"] == list(planned.options)
         assert mount["type"] == "bind"
     socket = next(m for m in edits["mounts"] if m["containerPath"].endswith("/socket"))

@@ -42,7 +42,7 @@ def spec_of(fake: Any) -> dict[str, Any]:
 
 def hook_links(edits: dict[str, Any], option: str = "--link") -> dict[str, str]:
     args = [a for h in edits.get("hooks", []) for a in h["args"]]
-    return {v.split("::")[1]: v.split("::")[0] for k, v in zip(args, args[1:], strict=False) if k == option}
+    return {v.split("::")[1]: v.split("::")[0] for k, v in zip(args, args[1:]) if k == option}
 
 
 def test_unknown_driver_library_is_mounted_by_cdi_and_listed_unclassified(fake_driver_factory: Any) -> None:

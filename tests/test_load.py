@@ -80,7 +80,7 @@ def test_300_starts_20_at_a_time(e2e: None, fake_driver: FakeDriver, tmp_path: P
 
     failures = [(cid, r.stderr.strip()[-300:]) for cid, r, _ in results if r.returncode != 0]
     assert failures == [], f"{len(failures)} of {STARTS} starts failed: {failures[:3]}"
-    for (cid, result, _), (_, _, nodes, driver) in zip(results, jobs, strict=True):
+    for (cid, result, _), (_, _, nodes, driver) in zip(results, jobs):
         lines = dict(line.split(" ", 1) if " " in line else (line, "") for line in result.stdout.splitlines())
         assert lines["NODES"].split() == nodes, (cid, result.stdout)
         assert (int(lines["DRIVER"]) > 0) == driver, (cid, result.stdout)
@@ -93,7 +93,7 @@ def test_300_starts_20_at_a_time(e2e: None, fake_driver: FakeDriver, tmp_path: P
     log = hostile.log_lines(tmp_path)
     ids = [line.split()[1] for line in log]
     assert sorted(ids) == sorted(cid for cid, _, _, _ in jobs), "not exactly one log line per container"
-    for line, (_cid, _, _, driver) in zip(sorted(log, key=lambda x: x.split()[1]), sorted(jobs), strict=True):
+    for line, (_cid, _, _, driver) in zip(sorted(log, key=lambda x: x.split()[1]), sorted(jobs)):
         assert (" inject " in line if driver else " skip " in line), line
     slowest = max(t for _, _, t in results)
     print(f"\n{STARTS} starts, {PARALLEL} at a time: {elapsed:.1f}s ({STARTS / elapsed:.1f}/s), slowest {slowest:.1f}s")

@@ -68,7 +68,7 @@ def all_edits(data: dict[str, Any]) -> tuple[dict[str, str], set[str], list[str]
 
 
 def links(args: list[str]) -> dict[str, str]:
-    return {v.split("::")[1]: v.split("::")[0] for k, v in zip(args, args[1:], strict=False) if k == "--link"}
+    return {v.split("::")[1]: v.split("::")[0] for k, v in zip(args, args[1:]) if k == "--link"}
 
 
 def expected_paths(real: RealRoot) -> set[str]:

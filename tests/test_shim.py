@@ -94,7 +94,7 @@ def test_rewrite_matches_the_cdi_rendering() -> None:
                                                                    if k not in ("args", "hookName")}
 
     def pairs(args: list[str], option: str) -> list[str]:
-        return [v for k, v in zip(args, args[1:], strict=False) if k == option]
+        return [v for k, v in zip(args, args[1:]) if k == option]
 
     def rest(args: list[str]) -> list[str]:
         drop = {i for i, a in enumerate(args) if a in ("--link", "--link-if-present")}

@@ -404,7 +404,7 @@ def unpack_all(debs: Mapping[str, Deb], cache_dir: str | os.PathLike[str] | None
     with _locked(cache), ThreadPoolExecutor(max_workers=2) as pool:
         # Biggest first, so the two workers finish together.
         order = sorted(debs.values(), key=lambda d: -d.path.stat().st_size)
-        done = dict(zip([d.package for d in order], pool.map(lambda d: _unpack(d, cache), order), strict=True))
+        done = dict(zip([d.package for d in order], pool.map(lambda d: _unpack(d, cache), order)))
     return {p: done[p] for p in debs}
 
 

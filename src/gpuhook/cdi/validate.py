@@ -230,8 +230,11 @@ def validate_spec(data: Any, origin: str, *, schema: bool = True) -> list[str]:
     running jsonschema would cost more than the rest of generation (the tests hold the generator to the schema).
     """
     checker = _Checker()
-    checker.spec(data)
-    found = (schema_problems(data) if schema else []) + checker.problems
+    try:
+        checker.spec(data)
+        found = (schema_problems(data) if schema else []) + checker.problems
+    except RecursionError:  # the parser took it, the walk (or jsonschema's, on Python < 3.11) cannot
+        return [f"{origin}: $: nested too deeply to be a CDI spec"]
     out: list[str] = []
     for path, message in found:
         line = f"{origin}: {path}: {message}"
