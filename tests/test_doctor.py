@@ -18,7 +18,7 @@ from support.fakefix import FAKE_MIG_LAYOUT
 from gpuhook.cdi.registry import scan
 from gpuhook.cli.app import cli
 from gpuhook.doctor import runtimes as rt
-from gpuhook.doctor.model import OK, PROBLEM, WARN
+from gpuhook.doctor.model import INFO, OK, PROBLEM, WARN
 from gpuhook.doctor.specs import SpecStatus
 
 HOOK = str(Path(sys.executable).with_name("gpuhook"))
@@ -345,6 +345,7 @@ def spec_status(folder: Path, cdi_version: str = "0.5.0", current: bool = True) 
 
 
 def paths(tmp: Path, **kw: Any) -> rt.Paths:
+    kw.setdefault("docker_path", (str(tmp / "bin"),))
     return rt.Paths(containerd_config=str(tmp / "containerd/config.toml"), crio_config=str(tmp / "crio/crio.conf"),
                     docker_config=str(tmp / "docker/daemon.json"),
                     podman_configs=(str(tmp / "podman/vendor.conf"), str(tmp / "podman/containers.conf")),
@@ -374,6 +375,31 @@ def test_docker_without_anything_then_configured(tmp_path: Path) -> None:
     configure("docker", "cdi", Path(paths(tmp_path / "other").docker_config))
     found = rt.check_docker((25, 0), paths(tmp_path / "other"), spec_status(tmp_path / "other" / "cdi"))
     assert statuses(found) == [OK] and "CDI devices" in found[0].message
+
+
+def test_docker_gpus_route_and_nvidias_toolkit(tmp_path: Path) -> None:
+    """Issue 23: gpuhook's nvidia-container-runtime-hook on dockerd's PATH is a configured --gpus route (no false
+    PROBLEM); NVIDIA's own hook, runtime or default-runtime is named, so doctor says which one a container gets."""
+    from gpuhook.cli.entry import install
+
+    p = paths(tmp_path)
+    status = spec_status(tmp_path / "cdi")
+    install(str(tmp_path / "bin" / "gpuhook-hook"), docker_gpus=True)
+    found = rt.check_docker((20, 10, 24), p, status)
+    assert statuses(found) == [OK] and "`docker run --gpus` runs gpuhook" in found[0].message
+    nvidia = tmp_path / "nvbin" / "nvidia-container-runtime-hook"
+    nvidia.parent.mkdir()
+    nvidia.write_text("#!/bin/sh\nexit 0\n")
+    nvidia.chmod(0o755)
+    daemon = Path(p.docker_config)
+    daemon.parent.mkdir(parents=True)
+    daemon.write_text(json.dumps({"default-runtime": "nvidia",
+                                  "runtimes": {"nvidia": {"path": "/usr/bin/nvidia-container-runtime"}}}))
+    found = rt.check_docker((20, 10, 24), paths(tmp_path, docker_path=(str(nvidia.parent), str(tmp_path / "bin"))),
+                            status)
+    assert statuses(found) == [INFO, WARN, PROBLEM]
+    assert "runs NVIDIA's " + str(nvidia) in found[0].message
+    assert "every container runs NVIDIA's nvidia-container-runtime (default-runtime 'nvidia')" in found[1].message
 
 
 def test_containerd_1_6_and_1_7(tmp_path: Path) -> None:

@@ -185,7 +185,7 @@ def test_runtime_configure_refuses_special_files(tmp_path: Path, unix_socket: Pa
     for path, kind in ((node, "a character device"), (fifo, "a FIFO"), (unix_socket, "a socket"),
                        (folder, "a directory")):
         runtime = "docker" if path.suffix == ".json" else "containerd"
-        code = main(["runtime", "configure", "--runtime", runtime, "--config", str(path)])
+        code = main(["runtime", "configure", "--runtime", runtime, "--mode", "cdi", "--config", str(path)])
         err = capsys.readouterr().err
         assert code == 1 and err.splitlines() == [f"gpuhook: cannot use {path}: it is {kind}, not a regular file"], err
     same_node(node)

@@ -219,9 +219,33 @@ def host_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def configure(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    code = main(["runtime", "configure", *args])
+    """`runtime configure ARGS`, in CDI mode unless ARGS say otherwise: the default follows the installed
+    runtime's version (test_mode_follows_the_installed_version), which these tests must not depend on."""
+    mode = [] if "--mode" in args else ["--mode", "cdi"]
+    code = main(["runtime", "configure", *args, *mode])
     out, err = capsys.readouterr()
     return code, out, err
+
+
+@pytest.mark.parametrize(("runtime", "binary", "says", "mode"), [
+    ("docker", "dockerd", "Docker version 20.10.24+dfsg1, build 5d6db84", "hook"),
+    ("docker", "dockerd", "Docker version 25.0.3, build 4debf41", "cdi"),
+    ("containerd", "containerd", "containerd github.com/containerd/containerd 1.6.20~ds1 1.6.20~ds1-1+b1", "hook"),
+    ("containerd", "containerd", "containerd containerd.io v1.7.2 0cae528dd6cb557f7201036e9f43420650207b58", "cdi"),
+])  # fmt: skip
+def test_mode_follows_the_installed_version(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str], runtime: str, binary: str, says: str,
+                                            mode: str) -> None:
+    """Issue 23: Docker < 25 and containerd 1.6 have no CDI, so `runtime configure` without --mode picks hook."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / binary).write_text(f"#!/bin/sh\necho '{says}'\n")
+    (bin_dir / binary).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    config = tmp_path / ("daemon.json" if runtime == "docker" else "config.toml")
+    code = main(["runtime", "configure", "--runtime", runtime, "--config", str(config), "--dry-run"])
+    err = capsys.readouterr().err
+    assert code == 0 and f"note: --mode {mode}: " in err, err
 
 
 @pytest.fixture
@@ -781,3 +805,12 @@ def test_docker_edit_keeps_indent_and_key_order(indent: str | None, tmp_path: Pa
     code, out, err = configure(capsys, "--runtime", "docker", "--config", str(config))
     assert code == 0, err
     assert config.read_text() == json.dumps({**original_data, "features": {"cdi": True}}, indent=indent) + "\n"
+
+
+def test_docker_notes_a_default_runtime_it_leaves_in_place(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    daemon = tmp_path / "daemon.json"
+    daemon.write_text('{"default-runtime": "nvidia", "runtimes": {"nvidia": {"path": "nvidia-container-runtime"}}}')
+    code, _, err = configure(capsys, "--runtime", "docker", "--config", str(daemon))
+    assert code == 0
+    assert "\"default-runtime\": \"nvidia\" left in place: every container still goes through 'nvidia' (NVIDIA's" in err
+    assert json.loads(daemon.read_text())["default-runtime"] == "nvidia"

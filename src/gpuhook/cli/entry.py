@@ -18,16 +18,13 @@ from __future__ import annotations
 import os
 import sys
 
+from gpuhook.hook.installed import DEFAULT_PATH, DOCKER_GPUS_NAME, MARKER, is_ours
+
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-DEFAULT_PATH = "/usr/local/bin/gpuhook-hook"
 SHEBANG_MAX = 255  # the kernel reads at most 256 bytes of a "#!" line (Linux >= 5.1; 127 before)
-# Docker registers its `--gpus` driver only when this name is on dockerd's PATH at daemon start, and runs it as
-# `nvidia-container-runtime-hook prestart` (moby daemon/nvidia_linux.go): the same entry, under NVIDIA's name.
-DOCKER_GPUS_NAME = "nvidia-container-runtime-hook"
-MARKER = "# gpuhook's OCI hook (and CDI createContainer hook) entry, written by `gpuhook hook install`."
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -171,21 +168,6 @@ def _check(python: str, paths: Sequence[str]) -> None:
     if result.returncode != 0:
         last = (result.stderr.strip().splitlines() or [f"exit status {result.returncode}"])[-1]
         raise GpuhookError(f"{python} -IS cannot import the hook with {list(paths)}: {last}")
-
-
-def is_ours(path: str) -> bool | None:
-    """Whether `path` is an entry script gpuhook wrote (None: nothing there). A link is never ours: replacing it
-    would replace what it points to for whoever made it."""
-    import stat
-
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return None
-    if not stat.S_ISREG(st.st_mode):
-        return False
-    with open(path, "rb") as f:
-        return MARKER.encode() in f.read(1024)
 
 
 def docker_gpus_path(path: str) -> str:

@@ -53,8 +53,8 @@ def default_hook_path() -> str:
     """What the spec's hooks call: the lean entry `gpuhook hook install` writes, when it is there (the install
     prefix every shipped file names, and the fastest hook); else the installed `gpuhook`
     (discover/executables.py). Absolute."""
-    from gpuhook.cli.entry import DEFAULT_PATH, is_ours
     from gpuhook.discover.executables import gpuhook_executable
+    from gpuhook.hook.installed import DEFAULT_PATH, is_ours
 
     if is_ours(DEFAULT_PATH) and os.access(DEFAULT_PATH, os.X_OK):
         return DEFAULT_PATH

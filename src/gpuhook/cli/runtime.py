@@ -19,9 +19,10 @@ def runtime() -> None:
 @click.option("--runtime", "runtime_name", type=click.Choice(RUNTIMES), required=True, help="Runtime to configure.")
 @click.option("--config", "config_path", default=None, metavar="PATH",
               help="Config file [default: the runtime's usual one, see runtime-config/README.md].")
-@click.option("--mode", type=click.Choice((*MODES, GPUS_MODE)), default="cdi", show_default=True,
+@click.option("--mode", type=click.Choice((*MODES, GPUS_MODE)), default=None,
               help="cdi: the runtime reads gpuhook's CDI spec; hook: the runtime runs gpuhook-hook at prestart; "
-                   "gpus (docker): `docker run --gpus` runs gpuhook, installed as nvidia-container-runtime-hook.")
+                   "gpus (docker): `docker run --gpus` runs gpuhook, installed as nvidia-container-runtime-hook "
+                   "[default: cdi where the installed runtime's version has CDI, else hook].")
 @click.option("--hooks-dir", default=None, metavar="DIR",
               help="crio/podman hook mode: where gpuhook.json goes [default: /etc/containers/oci/hooks.d].")
 @click.option("--hook-path", default=None, metavar="PATH",
@@ -31,9 +32,12 @@ def runtime() -> None:
               help="Hook mode: the hook's own config file, passed to it as --config FILE [default: none, the hook "
                    "reads /etc/gpuhook/config.toml].")
 @click.option("--dry-run", is_flag=True, help="Print the diff; change nothing.")
-def configure(runtime_name: str, config_path: str | None, mode: str, hooks_dir: str | None, hook_path: str | None,
-              hook_config: str | None, dry_run: bool) -> None:
+def configure(runtime_name: str, config_path: str | None, mode: str | None, hooks_dir: str | None,
+              hook_path: str | None, hook_config: str | None, dry_run: bool) -> None:
     """Edit the runtime's config in place (comments and other settings kept, backup <file>.gpuhook.bak)."""
+    if mode is None:
+        mode, why = auto_mode(runtime_name)
+        click.echo(f"note: --mode {mode}: {why}", err=True)
     if mode == GPUS_MODE:
         _docker_gpus(runtime_name, config_path, hooks_dir, hook_config, hook_path, dry_run)
         return
@@ -41,6 +45,25 @@ def configure(runtime_name: str, config_path: str | None, mode: str, hooks_dir: 
     for note in result.notes:
         click.echo(f"note: {note}", err=True)
     _report(result, dry_run)
+
+
+# The first release of each runtime that reads CDI specs (Docker: features.cdi; containerd: enable_cdi).
+CDI_SINCE = {"docker": (25,), "containerd": (1, 7)}
+
+
+def auto_mode(runtime_name: str) -> tuple[str, str]:
+    """cdi where the installed runtime can read CDI specs, else hook (Docker < 25 and containerd 1.6 cannot)."""
+    from gpuhook.doctor.runtimes import BINARIES, version_of
+
+    since = CDI_SINCE.get(runtime_name)
+    if since is None:
+        return "cdi", f"{runtime_name} reads CDI specs"
+    found = version_of(BINARIES[runtime_name])
+    shown = ".".join(map(str, found)) if found else "not found"
+    if found is not None and found < since:
+        return "hook", (f"{runtime_name} {shown} has no CDI (it came in {'.'.join(map(str, since))}); "
+                        "pass --mode cdi to configure it anyway")
+    return "cdi", f"{runtime_name} {shown}" + (" (version unknown: assuming CDI)" if found is None else " reads CDI")
 
 
 def _docker_gpus(runtime_name: str, config_path: str | None, hooks_dir: str | None, hook_config: str | None,

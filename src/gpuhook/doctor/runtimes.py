@@ -64,6 +64,8 @@ class Paths(Record):
     docker_config: str = DOCKER_CONFIG
     podman_configs: tuple[str, ...] = (PODMAN_VENDOR_CONFIG, PODMAN_CONFIG)
     hooks_dirs: tuple[str, ...] = HOOKS_DIRS
+    # where dockerd (started by systemd: its default PATH) looks for nvidia-container-runtime-hook for --gpus
+    docker_path: tuple[str, ...] = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
 
     @property
     def cdi_fix(self) -> str:
@@ -312,9 +314,20 @@ def check_docker(ver: Version | None, paths: Paths, specs: SpecStatus) -> list[F
     if cdi_supported and _get(data, ("features", "cdi")) is True:
         dirs = data.get("cdi-spec-dirs") or list(paths.spec_dirs)
         works, out = _cdi_findings(label, [str(d) for d in dirs], specs)
+    gpus_works, gpus = _docker_gpus(label, paths)
+    works, out = works or gpus_works, out + gpus
     runtimes = data.get("runtimes") if isinstance(data.get("runtimes"), dict) else {}
+    default = data.get("default-runtime")
     for name, entry in sorted(runtimes.items()):
         path = entry.get("path") if isinstance(entry, dict) else None
+        if isinstance(path, str) and os.path.basename(path) in NVIDIA_RUNTIMES:
+            if default == name:
+                out.append(_f(WARN, f"{label}: every container runs NVIDIA's {os.path.basename(path)} "
+                                    f"(default-runtime {name!r}), which injects GPUs itself", _NVIDIA_FIX))
+            else:
+                out.append(_f(INFO, f"{label}: NVIDIA's runtime {name!r} ({path}) is configured: "
+                                    f"`docker run --runtime {name}` containers get NVIDIA's toolkit, not gpuhook"))
+            continue
         if not isinstance(path, str) or os.path.basename(path) != SHIM:
             continue
         if not _executable(path):
@@ -326,8 +339,31 @@ def check_docker(ver: Version | None, paths: Paths, specs: SpecStatus) -> list[F
         out.append(_f(OK, f"{label}: runtime {name!r} ({path}) "
                           + ("is the default runtime" if every else f"for `docker run --runtime {name}`")))
     mode = "cdi" if cdi_supported else "hook"
-    why = "no CDI (features.cdi) with a current spec and no runtime entry for " + SHIM
+    why = ("no CDI (features.cdi) with a current spec, no gpuhook nvidia-container-runtime-hook for --gpus and no "
+           "runtime entry for " + SHIM)
     return out + _verdict(label, works, f"gpuhook runtime configure --runtime docker --mode {mode}", why)
+
+
+NVIDIA_RUNTIMES = ("nvidia-container-runtime", "nvidia-container-runtime.cdi", "nvidia-container-runtime.legacy")
+_NVIDIA_FIX = "remove NVIDIA's toolkit from this runtime's configuration to have gpuhook answer, or keep it alone"
+
+
+def _docker_gpus(label: str, paths: Paths) -> tuple[bool, list[Finding]]:
+    """Docker's own --gpus: whatever `nvidia-container-runtime-hook` dockerd finds first on its PATH runs for
+    every --gpus container. gpuhook's entry under that name counts as configured; NVIDIA's is named."""
+    from gpuhook.hook.installed import DOCKER_GPUS_NAME, is_ours
+
+    for folder in paths.docker_path:
+        candidate = os.path.join(folder, DOCKER_GPUS_NAME)
+        if not _executable(candidate):
+            continue
+        if is_ours(candidate):
+            return True, [_f(OK, f"{label}: `docker run --gpus` runs gpuhook ({candidate}; dockerd finds it only "
+                                 "when it starts, so restart it once after installing)")]
+        return False, [_f(INFO, f"{label}: `docker run --gpus` runs NVIDIA's {candidate} (the NVIDIA Container "
+                                "Toolkit), not gpuhook", "gpuhook hook install --docker-gpus refuses to replace it: "
+                                + _NVIDIA_FIX)]
+    return False, []
 
 
 def with_config(name: str, paths: Paths, config: str) -> Paths:

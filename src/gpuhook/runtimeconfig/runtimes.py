@@ -393,6 +393,11 @@ def _docker(opts: Options) -> Plan:
                                 f"{RUNTIME_SHIM}, the runc wrapper installed with gpuhook beside gpuhook-hook")
         result.notes.append(f"containers get the hook with `docker run --runtime {DOCKER_RUNTIME}`, or for every "
                             f'container with `"default-runtime": "{DOCKER_RUNTIME}"` in {where}')
+    default = data.get("default-runtime")
+    if isinstance(default, str) and default not in (DOCKER_RUNTIME, "runc"):
+        result.notes.append(f'"default-runtime": "{default}" left in place: every container still goes through '
+                            f"{default!r}" + (" (NVIDIA's toolkit, which injects GPUs itself)" if default == "nvidia"
+                                              else ""))
     new = render_json_like(old, data) if changed or old is None else old
     result.changes.append(FileChange(path, old, new))
     return result

@@ -1,0 +1,30 @@
+"""How an installed hook entry is recognised: the marker line `gpuhook hook install` writes into it, and the
+names it is installed under (its own, and NVIDIA's, which `docker run --gpus` runs). Install, doctor and the
+generate-cdi default all ask here, so "is this file gpuhook's" has one answer."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+DEFAULT_PATH = "/usr/local/bin/gpuhook-hook"
+# Docker registers its `--gpus` driver only when this name is on dockerd's PATH at daemon start, and runs it as
+# `nvidia-container-runtime-hook prestart` (moby daemon/nvidia_linux.go): the same entry, under NVIDIA's name.
+DOCKER_GPUS_NAME = "nvidia-container-runtime-hook"
+MARKER = "# gpuhook's OCI hook (and CDI createContainer hook) entry, written by `gpuhook hook install`."
+
+
+def is_ours(path: str) -> bool | None:
+    """Whether `path` is an entry script gpuhook wrote (None: nothing there). A link is never ours: replacing it
+    would replace what it points to for whoever made it."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return False
+    try:
+        with open(path, "rb") as f:
+            return MARKER.encode() in f.read(1024)
+    except OSError:
+        return False
