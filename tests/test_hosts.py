@@ -115,3 +115,108 @@ def test_doctor_finds_missing_links_under_systemd(tmp_path: Path, fake_driver: A
     tmp_systemd = tmp_path / "run-systemd"
     tmp_systemd.mkdir()
     assert "systemd is the init system" in check_dev_char(inv, plain, str(tmp_systemd), str(dev_char))[0].message
+
+
+# --- a new user's first run (issue 23) -------------------------------------------------------------------------
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> Any:
+    import subprocess
+    import sys
+
+    gpuhook = str(Path(sys.executable).with_name("gpuhook"))
+    return subprocess.run([gpuhook, *args], capture_output=True, text=True, timeout=120, check=False,
+                          env={**os.environ, **(env or {})})
+
+
+def test_fake_driver_create_prints_the_flags_that_use_it(tmp_path: Path) -> None:
+    from test_hook_e2e import need_root
+
+    need_root()
+    result = _cli("fake-driver", "create", str(tmp_path / "r"), "--gpus", "1")
+    assert result.returncode == 0, result.stderr
+    flags = f"--driver-root {tmp_path / 'r'} --proc-root {tmp_path / 'r'}/proc"
+    assert f"gpuhook info {flags}" in result.stdout
+    info = _cli("info", *flags.split(), "--json")
+    assert info.returncode == 0 and info.stderr == ""
+
+
+def test_a_driver_root_read_with_the_hosts_proc_gets_one_note(fake_driver_mig: Any) -> None:
+    result = _cli("generate-cdi", "--driver-root", str(fake_driver_mig.root))
+    lines = result.stderr.splitlines()
+    assert lines[0].startswith(f"gpuhook: note: {fake_driver_mig.root} has its own proc/driver/nvidia")
+    assert f"--proc-root {fake_driver_mig.root}/proc" in lines[0]
+    assert len(lines) == 2 and lines[1].count("MIG device 1:0") == 1  # the error names the device once
+
+
+def test_every_command_takes_the_roots_from_the_hook_config(tmp_path: Path, fake_driver: Any) -> None:
+    """A flag, else the hook config's value (what the hook uses), else the default: info, list and generate-cdi
+    as doctor (the config named by GPUHOOK_CONFIG is the shim's and the hook's too)."""
+    config = tmp_path / "config.toml"
+    config.write_text(f'driver-root = "{fake_driver.root}"\nproc-root = "{fake_driver.root}/proc"\n'
+                      f'inventory-cache = ""\n')
+    import json
+
+    from gpuhook.hook.config import DEFAULT_PATH
+
+    assert not os.path.exists(DEFAULT_PATH)  # the host's own config would decide otherwise
+    # load_config(None) reads only the default path: point it at ours through a patched module in a child
+    code = ("import sys, gpuhook.hook.config as c; c.DEFAULT_PATH = sys.argv[1]; "
+            "from gpuhook.cli import main; sys.exit(main(sys.argv[2:]))")
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", code, str(config), "info", "--json"], capture_output=True, text=True,
+                         timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["driver_root"] == str(fake_driver.root)
+
+
+def test_hook_and_shim_answer_help_and_version() -> None:
+    import subprocess
+    import sys
+
+    hook = str(Path(sys.executable).with_name("gpuhook-hook"))
+    shim = str(Path(sys.executable).with_name("gpuhook-runtime"))
+    for args in (["--help"], ["-h"]):
+        result = subprocess.run([hook, *args], input="", capture_output=True, text=True, timeout=60, check=False)
+        assert result.returncode == 0 and result.stdout.startswith("usage: gpuhook-hook") and "GPUHOOK_CONFIG" in (
+            result.stdout)
+    result = subprocess.run([hook, "--version"], capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0 and result.stdout.startswith("gpuhook-hook 0.")
+    result = subprocess.run([shim, "--version"], capture_output=True, text=True, timeout=60, check=False,
+                            env={**os.environ, "GPUHOOK_RUNTIME": shutil.which("runc") or "runc"})
+    lines = result.stdout.splitlines()
+    assert result.returncode == 0 and lines[0].startswith("gpuhook-runtime 0.") and lines[1].startswith("runc")
+
+
+def test_cdi_list_says_when_it_finds_no_spec(tmp_path: Path) -> None:
+    result = _cli("cdi", "list", "--spec-dir", str(tmp_path / "none"))
+    assert result.returncode == 0 and result.stdout == ""
+    assert result.stderr == (f"gpuhook: no CDI spec in {tmp_path / 'none'} (gpuhook generate-cdi --output "
+                             f"{tmp_path / 'none'}/nvidia.yaml writes one)\n")
+
+
+def test_info_json_keys_are_all_documented(fake_driver_mig: Any) -> None:
+    import json
+    import re
+
+    result = _cli("info", "--driver-root", str(fake_driver_mig.root), "--proc-root", f"{fake_driver_mig.root}/proc",
+                  "--json")
+    keys: set[str] = set()
+
+    def walk(value: Any, parent: str = "") -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                if parent not in ("control_nodes", "gated_nodes", "gated_mounts", "matrix", "legend"):
+                    keys.add(k)
+                walk(v, k)
+        elif isinstance(value, list):
+            for v in value:
+                walk(v, parent)
+
+    walk(json.loads(result.stdout))
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    section = readme[readme.index("### `gpuhook info --json`"):readme.index("## Discovery")]
+    missing = [k for k in sorted(keys) if not re.search(rf"`{re.escape(k)}(\[\])?`", section)]
+    assert missing == []

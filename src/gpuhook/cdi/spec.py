@@ -169,7 +169,7 @@ def build_spec(
     for device in chosen:
         gap = inv.device_gap(device)
         if gap:
-            raise CdiError(f"{_describe(device)}: {gap} (are the driver's /dev/nvidia* nodes created?)")
+            raise CdiError(f"{gap} (are the driver's /dev/nvidia* nodes created?)")  # the gap names the device
         full = device_edits(inv, device, ALL_CAPABILITIES)
         present_links += [Symlink(s.target, s.link, if_target_exists=True) for s in full.symlinks]
         edits = _device_only(full)

@@ -31,9 +31,9 @@ def generate_cdi(driver_root: str, dev_root: str | None, proc_root: str | None, 
     if output is None:
         raise click.UsageError("--watch needs --output FILE")
     from gpuhook.cdi.watch import watch_spec
-    from gpuhook.discover import Roots
+    from gpuhook.cli.inventory import resolve_roots
 
-    roots = Roots.make(driver_root, dev_root, proc_root)
+    roots = resolve_roots(driver_root, dev_root, proc_root)
     raise SystemExit(watch_spec(roots, output, render, method=discovery, poll_interval=poll_interval))
 
 
@@ -68,9 +68,13 @@ def list_cmd(spec_dirs: tuple[str, ...]) -> None:
     """Qualified device names a runtime resolves; conflicts and broken specs on stderr (then exit 1)."""
     from gpuhook.cdi.registry import DEFAULT_SPEC_DIRS, scan
 
-    reg = scan(spec_dirs or DEFAULT_SPEC_DIRS)
+    dirs = spec_dirs or DEFAULT_SPEC_DIRS
+    reg = scan(dirs)
     for name in reg.names():
         click.echo(name)
+    if not reg.names() and not reg.errors:
+        click.echo(f"gpuhook: no CDI spec in {', '.join(dirs)} (gpuhook generate-cdi --output "
+                   f"{dirs[0]}/nvidia.yaml writes one)", err=True)
     for name, paths in sorted(reg.conflicts.items()):
         click.echo(f"gpuhook: conflict: {name} defined at one priority by {', '.join(paths)} (unresolvable)",
                    err=True)

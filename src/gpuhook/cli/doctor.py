@@ -87,7 +87,7 @@ def doctor(driver_root: str | None, dev_root: str | None, proc_root: str | None,
            device_mounts: tuple[str, ...], privileged: bool, spec_dirs: tuple[str, ...], runtimes: tuple[str, ...],
            as_json: bool) -> None:
     """Check the host, the runtimes and the CDI specs; explain what a container gets and why. Exit 1 on problems."""
-    from gpuhook.discover import Roots
+    from gpuhook.cli.inventory import resolve_roots
     from gpuhook.doctor import container, host, specs
     from gpuhook.doctor import runtimes as rt
     from gpuhook.errors import GpuhookError
@@ -104,8 +104,7 @@ def doctor(driver_root: str | None, dev_root: str | None, proc_root: str | None,
         config = Config()
         report.add([Finding("host", PROBLEM, f"hook config: {exc} (checking with defaults)",
                             f"fix {config_path or '/etc/gpuhook/config.toml'}")])
-    roots = Roots.make(driver_root or config.driver_root, dev_root or (None if driver_root else config.dev_root)
-                       or None, proc_root or config.proc_root)
+    roots = resolve_roots(driver_root, dev_root, proc_root, config)
     inv, found = host.check_host(roots, discovery)
     report.add(found)
     report.add(host.check_ldconfig(config.ldconfig))

@@ -78,6 +78,11 @@ def summary(fake: FakeDriver) -> str:
         lines += [
             f"    MIG {g.index}:{m.index}  {m.profile:<8} gi {m.gi:<2} ci {m.ci}  {m.uuid}" for m in g.mig_devices
         ]
+    flags = f"--driver-root {fake.root} --proc-root {fake.root}/proc"
+    lines += ["use it with these flags (the simulated driver has its own /proc):",
+              f"  gpuhook info {flags}",
+              f"  gpuhook generate-cdi {flags} --output /etc/cdi/nvidia.yaml",
+              f'  hook config: driver-root = "{fake.root}"  proc-root = "{fake.root}/proc"']
     return "\n".join(lines)
 
 

@@ -8,15 +8,42 @@ from gpuhook.errors import GpuhookError
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from gpuhook.discover.roots import Roots
+    from gpuhook.hook.config import Config
     from gpuhook.model.inventory import Inventory
 
 
-def load_inventory(driver_root: str, dev_root: str | None, proc_root: str | None,
-                   discovery: str = "auto", inventory_cache: str | None = "") -> Inventory:
-    """Discover, or with a cache (only for --discovery auto, what the cache holds) load it while it is true."""
+def resolve_roots(driver_root: str | None, dev_root: str | None, proc_root: str | None,
+                  config: Config | None = None) -> Roots:
+    """The roots every command works on, resolved one way: a flag, else the hook config's value (what the hook
+    itself will use), else the default (/, the driver root, /proc). A driver root with its own proc/driver/nvidia
+    read with the host's /proc (a simulated driver, most likely) gets one note on stderr: the MIG and GPU errors
+    that follow would not say why."""
+    import os
+    import sys
+
     from gpuhook.discover.roots import Roots
 
-    roots = Roots.make(driver_root, dev_root, proc_root)
+    if config is None:
+        from gpuhook.hook.config import Config, load_config
+
+        try:
+            config = load_config(None)
+        except GpuhookError:
+            config = Config()
+    roots = Roots.make(driver_root or config.driver_root, dev_root or (None if driver_root else config.dev_root)
+                       or None, proc_root or config.proc_root)
+    own = os.path.join(roots.driver_root, "proc", "driver", "nvidia")
+    if roots.driver_root != "/" and roots.proc_root == "/proc" and os.path.isdir(own):
+        print(f"gpuhook: note: {roots.driver_root} has its own proc/driver/nvidia but the host's /proc is read; "
+              f"pass --proc-root {os.path.join(roots.driver_root, 'proc')} to read the driver root's",
+              file=sys.stderr)
+    return roots
+
+
+def load_inventory(driver_root: str | None, dev_root: str | None, proc_root: str | None,
+                   discovery: str = "auto", inventory_cache: str | None = "") -> Inventory:
+    """Discover, or with a cache (only for --discovery auto, what the cache holds) load it while it is true."""
+    roots = resolve_roots(driver_root, dev_root, proc_root)
     path = _cache_path(inventory_cache, roots) if discovery == "auto" else ""
     if path:
         from gpuhook.discover.cache import inventory

@@ -36,9 +36,11 @@ class Option(Record):
 
 
 ROOT_OPTIONS: tuple[Option, ...] = (
-    Option(("--driver-root",), "driver_root", "Root of the driver install.", default="/", show_default=True),
-    Option(("--dev-root",), "dev_root", "Root holding /dev [default: driver root]."),
-    Option(("--proc-root",), "proc_root", "procfs to read /driver/nvidia from [default: /proc]."),
+    Option(("--driver-root",), "driver_root",
+           "Root of the driver install [default: the hook config's driver-root, else /]."),
+    Option(("--dev-root",), "dev_root", "Root holding /dev [default: the hook config's, else the driver root]."),
+    Option(("--proc-root",), "proc_root", "procfs to read /driver/nvidia from [default: the hook config's, "
+                                          "else /proc]."),
     Option(("--discovery",), "discovery", "Where GPUs come from.", default="auto", choices=("auto", "nvml", "procfs"),
            show_default=True),
 )

@@ -26,9 +26,35 @@ STAGES = ("prestart", "createRuntime")
 USAGE = "usage: gpuhook-hook [--config FILE] [prestart|createRuntime]  (OCI state JSON on stdin)"
 
 
+HELP = f"""{USAGE}
+
+gpuhook's OCI prestart hook: reads the OCI state on stdin and the bundle's config.json, and gives a container
+that asks for GPUs (NVIDIA_VISIBLE_DEVICES, a device volume mount, a cdi.k8s.io annotation) its devices, driver
+files and ld cache; every other container is left untouched. Also run as nvidia-container-runtime-hook by
+`docker run --gpus`. The config file: --config, else $GPUHOOK_CONFIG, else /etc/gpuhook/config.toml."""
+
+
+def version() -> str:
+    """The installed gpuhook's version (importlib.metadata only when asked: it is not on a start's path)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("gpuhook")
+    except PackageNotFoundError:
+        return "unknown (not installed as a distribution)"
+
+
 def _parse_args(argv: list[str]) -> tuple[str | None, str]:
     config, stage = None, "prestart"
     args = list(argv)
+    if args[:1] in (["--help"], ["-h"], ["--version"]):
+        text = HELP if args[0] != "--version" else f"gpuhook-hook {version()}"
+        import contextlib
+
+        with contextlib.suppress(BrokenPipeError):  # `gpuhook-hook --help | head`
+            print(text, flush=True)
+        raise SystemExit(0)
     while args:
         arg = args.pop(0)
         if arg == "--config" and args:

@@ -261,6 +261,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     config_path = os.environ.get(CONFIG_ENV) or None
     inv = Invocation(None)
+    if args[:1] in (["--version"], ["-v"]):  # its own version, then the real runtime's (runc --version)
+        from gpuhook.hook.prestart import version
+
+        print(f"{PROG} {version()} (gpuhook's OCI runtime shim)", flush=True)
     try:
         inv = parse_argv(args)
         runtime = real_runtime()
