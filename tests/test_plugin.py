@@ -708,3 +708,20 @@ def test_start_never_removes_what_is_not_a_stale_socket(fake_driver: Any, kubele
     finally:
         plugin.shutdown()
     assert os.path.lexists(path) and (kind != "file" or path.read_text() == "keep me")
+
+
+def test_plugin_makes_dev_char_links_at_start(fake_driver: Any, kubelet: TestKubelet, tmp_path: Path) -> None:
+    """Issue 23: with --dev-char-path the plugin links every NVIDIA node there at (re)discovery, so systemd's
+    daemon-reload leaves containers their GPUs; idempotent across a second start."""
+    inv = inventory(fake_driver)
+    dev_char = tmp_path / "char"
+    config = PluginConfig(kubelet_dir=kubelet.directory, cdi_spec_dir=None, hook_path="/bin/true",
+                          health=HealthConfig(enabled=False), dev_char_path=str(dev_char))
+    for _ in range(2):
+        plugin = Plugin(config, lambda: inv)
+        plugin.start()
+        plugin.shutdown()
+    gpu0 = inv.gpus[0].node
+    assert os.readlink(dev_char / f"{gpu0.major}:{gpu0.minor}") == gpu0.host_path
+    ctl = inv.control_nodes["nvidiactl"]
+    assert os.readlink(dev_char / f"{ctl.major}:{ctl.minor}") == ctl.host_path

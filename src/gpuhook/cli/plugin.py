@@ -104,6 +104,10 @@ def default_hook_path() -> str:
 @click.option("--health-interval", type=click.FloatRange(min=0.01), default=1.0, show_default=True,
               help="Seconds between device-node and GPU-handle checks.")
 @click.option("--sys-root", default="/sys", show_default=True, help="sysfs for NUMA nodes NVML does not give.")
+@click.option("--dev-char-path", default=None, metavar="DIR",
+              help="Make <DIR>/<major>:<minor> links to every NVIDIA node at start and at each rediscovery, so that "
+                   "systemd keeps them in containers' cgroups across daemon-reload (the DaemonSet: /dev/char) "
+                   "[default: none].")
 @click.option("--feature-file", default=None,
               help="Keep an NFD feature file of GPU labels current, e.g. "
                    "/etc/kubernetes/node-feature-discovery/features.d/gpuhook [default: none].")
@@ -115,7 +119,8 @@ def device_plugin(driver_root: str, dev_root: str | None, proc_root: str | None,
                   mig_strategy: str, fail_on_init_error: bool, pass_device_specs: bool, replicas: int,
                   cdi_spec_dir: str, host_driver_root: str | None, hook_path: str | None, health_checks: str,
                   ignored_xids: str, recovery_window: float, health_interval: float, sys_root: str,
-                  feature_file: str | None, log_level: str, inventory_cache: str | None) -> None:
+                  dev_char_path: str | None, feature_file: str | None, log_level: str,
+                  inventory_cache: str | None) -> None:
     """Kubelet device plugin: advertise GPUs with health, answer Allocate with CDI device names."""
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -163,6 +168,7 @@ def device_plugin(driver_root: str, dev_root: str | None, proc_root: str | None,
         sys_root=sys_root,
         feature_file=os.path.abspath(feature_file) if feature_file else None,
         fail_on_init_error=settings["fail_on_init_error"],
+        dev_char_path=os.path.abspath(dev_char_path) if dev_char_path else None,
     )
     method = settings.get("discovery", discovery)
     try:

@@ -50,6 +50,7 @@ class PluginConfig(Record):
     nvml_library: str | None = None  # None: the driver root's libnvidia-ml.so.1
     feature_file: str | None = None  # NFD features.d file kept current with the GPU feature labels
     fail_on_init_error: bool = True  # False: no usable GPU leaves the plugin running, serving nothing
+    dev_char_path: str | None = None  # /dev/char links for every NVIDIA node (system/devchar.py); None: none
 
 
 class Served(Record, frozen=False):
@@ -87,6 +88,21 @@ class Plugin:
         self.driver_version = ""  # what /proc/driver/nvidia/version said at the last discovery
         self._driver_checked = 0.0
 
+    def _dev_char_links(self, inv: Inventory) -> None:
+        """systemd daemon-reload keeps a container's GPU only when its node has a /dev/char link: made at every
+        (re)discovery, so nodes that appear later (a driver reload, MIG reconfiguration) get theirs too."""
+        from gpuhook.system.devchar import create_links
+
+        try:
+            result = create_links(inv, str(self.config.dev_char_path))
+        except GpuhookError as exc:
+            log.warning("/dev/char links: %s", exc)
+            return
+        for warning in result.warnings:
+            log.warning("/dev/char links: %s", warning)
+        if result.created:
+            log.info("created %d link(s) in %s", len(result.created), self.config.dev_char_path)
+
     # -- start / stop -------------------------------------------------------------------------------------------
     def start(self) -> None:
         """Discover, plan, write the spec, start health, serve each resource, then ask to register.
@@ -102,6 +118,8 @@ class Plugin:
                 raise
             self._idle(f"discovery failed: {exc}")
             return
+        if self.config.dev_char_path:
+            self._dev_char_links(inv)
         resources = plan(inv, self.config.options)
         if not resources:
             why = (f"no device to advertise (driver root {inv.driver_root}, "
