@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable
 
 from gpuhook import _native
-from gpuhook.errors import InjectionError
+from gpuhook.errors import InjectionError, render
 from gpuhook.inject import cudacompat, ldcache, mounts
 from gpuhook.inject.rootfs import RootFS
 from gpuhook.model.edits import ContainerEdits
@@ -145,8 +145,7 @@ def run_in_mount_namespace(pid: int, work: Callable[[], None], proc_root: str = 
             _native.setns(ns_fd, _native.CLONE_NEWNS)
             work()
         except BaseException as exc:  # noqa: BLE001 - everything becomes one line for the parent
-            msg = str(exc) if isinstance(exc, InjectionError) else f"{type(exc).__name__}: {exc}"
-            os.write(w, msg.encode()[:4000])
+            os.write(w, render(exc).encode()[:4000])  # one escaped, bounded line, whatever failed
             code = 1
         os._exit(code)
     os.close(w)

@@ -118,6 +118,8 @@ def _check_cache_tmp(rootfs: RootFS) -> None:
         st = os.stat("ld.so.cache~", dir_fd=pfd, follow_symlinks=False)
     except FileNotFoundError:
         return
+    except OSError as exc:
+        raise InjectionError(f"/etc/ld.so.cache~ in container: {exc.strerror}") from None
     finally:
         os.close(pfd)
     if not stat.S_ISREG(st.st_mode):

@@ -15,17 +15,29 @@ import posixpath
 import stat
 
 from gpuhook import _native
-from gpuhook.errors import InjectionError
+from gpuhook.errors import InjectionError, clip
 
 RESOLVE = _native.RESOLVE_IN_ROOT | _native.RESOLVE_NO_MAGICLINKS
 O_PATH = os.O_PATH
+
+
+def shown(path: str) -> str:
+    """A container path for a message: every name in it may come from the image (newlines, escape sequences,
+    megabytes), so it is clipped and its control characters escaped, here and only here (errors.clip)."""
+    return clip(path, quote=False)
+
+
+def _error(what: str, path: str, exc: OSError) -> InjectionError:
+    """The one line for a failed system call on `path` in the container: `what` (a verb phrase or ""), the path
+    as shown(), the reason."""
+    return InjectionError(f"{what + ' ' if what else ''}{shown(path)} in container: {exc.strerror}")
 
 
 def _split(path: str) -> tuple[str, str]:
     """(parent, name) of a normalised absolute container path."""
     norm = posixpath.normpath("/" + path.lstrip("/"))
     if norm == "/":
-        raise InjectionError(f"{path!r}: cannot operate on the container's root itself")
+        raise InjectionError(f"{clip(path)}: cannot operate on the container's root itself")
     return posixpath.split(norm)
 
 
@@ -55,7 +67,7 @@ class RootFS:
         try:
             return _native.openat2(self.fd, path.lstrip("/") or ".", flags | os.O_CLOEXEC, mode, RESOLVE)
         except OSError as exc:
-            raise InjectionError(f"{path} in container: {exc.strerror}") from None
+            raise _error("", path, exc) from None
 
     def exists(self, path: str) -> bool:
         try:
@@ -82,9 +94,12 @@ class RootFS:
                     nxt = _native.openat2(self.fd, prefix, O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, 0, RESOLVE)
                 except OSError as exc:
                     if exc.errno != errno.ENOENT:
-                        raise InjectionError(f"{norm} in container: {part!r} is {exc.strerror}") from None
+                        raise InjectionError(f"{shown(norm)} in container: {clip(part)} is {exc.strerror}") from None
                     self._mkdir_at(current, part, mode, norm)
-                    nxt = _native.openat2(self.fd, prefix, O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, 0, RESOLVE)
+                    try:
+                        nxt = _native.openat2(self.fd, prefix, O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, 0, RESOLVE)
+                    except OSError as again:  # replaced between our mkdir and this open
+                        raise _error("", norm, again) from None
                 os.close(current)
                 current = nxt
             return current
@@ -98,9 +113,10 @@ class RootFS:
             os.mkdir(name, mode, dir_fd=dirfd)
         except FileExistsError:
             # A dangling symlink stands there: resolve it inside the root by creating its target.
-            raise InjectionError(f"{full} in container: {name!r} exists but is not a usable directory") from None
+            raise InjectionError(f"{shown(full)} in container: {clip(name)} exists but is not a usable directory") \
+                from None
         except OSError as exc:
-            raise InjectionError(f"cannot create {full} in container: {exc.strerror}") from None
+            raise _error("cannot create", full, exc) from None
 
     def ensure_file(self, path: str, mode: int = 0o644) -> int:
         """O_PATH descriptor of a regular file at `path` (an empty one is created if missing)."""
@@ -112,11 +128,11 @@ class RootFS:
                                      RESOLVE)
             except OSError as exc:
                 if exc.errno != errno.ENOENT:
-                    raise InjectionError(f"{path} in container: {exc.strerror}") from None
+                    raise _error("", path, exc) from None
                 fd = self._create(pfd, name, mode, path)
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 os.close(fd)
-                raise InjectionError(f"{path} in container: expected a regular file, found something else")
+                raise InjectionError(f"{shown(path)} in container: expected a regular file, found something else")
             return fd
         finally:
             os.close(pfd)
@@ -127,9 +143,12 @@ class RootFS:
                 pfd, name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, mode, RESOLVE
             )
         except OSError as exc:
-            raise InjectionError(f"cannot create {full} in container: {exc.strerror}") from None
+            raise _error("cannot create", full, exc) from None
         os.close(wfd)
-        return _native.openat2(pfd, name, O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW, 0, RESOLVE)
+        try:
+            return _native.openat2(pfd, name, O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW, 0, RESOLVE)
+        except OSError as exc:  # replaced between the create and this open
+            raise _error("cannot open", full, exc) from None
 
     def ensure_dir(self, path: str) -> int:
         return self.mkdirs(path)
@@ -144,11 +163,14 @@ class RootFS:
                                      mode, RESOLVE | _native.RESOLVE_NO_SYMLINKS)
             except FileExistsError:
                 fd = _open_regular(pfd, name, os.O_WRONLY | os.O_TRUNC, os.O_NOFOLLOW,
-                                   RESOLVE | _native.RESOLVE_NO_SYMLINKS, f"cannot write {path} in container")
+                                   RESOLVE | _native.RESOLVE_NO_SYMLINKS, f"cannot write {shown(path)} in container")
             except OSError as exc:
-                raise InjectionError(f"cannot write {path} in container: {exc.strerror}") from None
+                raise _error("cannot write", path, exc) from None
             try:
-                os.write(fd, data)
+                if os.write(fd, data) != len(data):
+                    raise InjectionError(f"cannot write {shown(path)} in container: short write (disk full?)")
+            except OSError as exc:
+                raise _error("cannot write", path, exc) from None
             finally:
                 os.close(fd)
         finally:
@@ -160,20 +182,21 @@ class RootFS:
         Anything else standing there is refused (InjectionError) rather than opened: see _open_regular.
         """
         try:
-            fd = _open_regular(self.fd, path.lstrip("/") or ".", os.O_RDONLY, 0, RESOLVE, f"{path} in container")
+            fd = _open_regular(self.fd, path.lstrip("/") or ".", os.O_RDONLY, 0, RESOLVE, f"{shown(path)} in container")
         except _Missing:
             return None
         try:
             return os.read(fd, limit)
         except OSError as exc:
-            raise InjectionError(f"cannot read {path} in container: {exc.strerror}") from None
+            raise _error("cannot read", path, exc) from None
         finally:
             os.close(fd)
 
     def symlink(self, target: str, link: str) -> bool:
         """Create `link` -> `target`. An existing symlink is replaced; a file or directory is left alone.
 
-        Returns False when something else already stands at `link`.
+        Returns False when something else already stands at `link`. Every failure (a read-only or immutable
+        image) is one InjectionError line.
         """
         parent, name = _split(link)
         pfd = self.mkdirs(parent)
@@ -188,11 +211,11 @@ class RootFS:
                 if os.readlink(name, dir_fd=pfd) == target:
                     return True
                 os.unlink(name, dir_fd=pfd)
-            try:
-                os.symlink(target, name, dir_fd=pfd)
-            except OSError as exc:
-                raise InjectionError(f"cannot create link {link} -> {target} in container: {exc.strerror}") from None
+            os.symlink(target, name, dir_fd=pfd)
             return True
+        except OSError as exc:
+            raise InjectionError(f"cannot create link {shown(link)} -> {shown(target)} in container: "
+                                 f"{exc.strerror}") from None
         finally:
             os.close(pfd)
 
@@ -210,12 +233,11 @@ class RootFS:
                 if stat.S_IFMT(st.st_mode) == fmt and st.st_rdev == os.makedev(major, minor):
                     return
                 if stat.S_ISDIR(st.st_mode):
-                    raise InjectionError(f"cannot create device {path} in container: a directory stands there")
+                    raise InjectionError(f"cannot create device {shown(path)} in container: a directory stands there")
                 os.unlink(name, dir_fd=pfd)
-            try:
-                _native.mknodat(pfd, name, fmt | (mode & 0o7777), major, minor)
-            except OSError as exc:
-                raise InjectionError(f"cannot create device {path} in container: {exc.strerror}") from None
+            _native.mknodat(pfd, name, fmt | (mode & 0o7777), major, minor)
+        except OSError as exc:
+            raise _error("cannot create device", path, exc) from None
         finally:
             os.close(pfd)
 

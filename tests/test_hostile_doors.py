@@ -1,0 +1,95 @@
+"""Security round 3 (issue 22): hostile images and faults through every door — the prestart hook (runc), the CDI
+spec's createContainer hook (podman) and the runtime shim (gpuhook-runtime + runc) — see tests/support/doors.py.
+
+Each case says what the host must show afterwards (nothing written outside the rootfs, nothing mounted, no
+device node made) and what the start must do (work, or fail with one escaped line, never a traceback).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support import hostile
+from support.doors import DOORS, GPU_ENV, Doors
+from support.e2e import need_tool
+from support.glibc import MULTIARCH
+from support.podman import Podman
+
+from gpuhook.discover import Roots, discover
+from gpuhook.fakedriver import FakeDriver
+from gpuhook.model.edits import ContainerEdits, plan
+from gpuhook.model.request import parse_request
+from gpuhook.model.selection import resolve
+
+pytestmark = pytest.mark.e2e
+LIBDIR = "/" + MULTIARCH
+
+
+@pytest.fixture(scope="module")
+def fake(fake_driver_factory: Any) -> FakeDriver:
+    return fake_driver_factory()
+
+
+@pytest.fixture(scope="module")
+def podman_world(tmp_path_factory: pytest.TempPathFactory, fake: FakeDriver) -> Iterator[list[Podman]]:
+    """The podman world, made on first use only (hook- and shim-only runs never pay for it)."""
+    made: list[Podman] = []
+    yield made
+    for world in made:
+        world.close()
+
+
+@pytest.fixture()
+def doors(fake: FakeDriver, podman_world: list[Podman], tmp_path_factory: pytest.TempPathFactory) -> Doors:
+    hostile.need_hook_e2e("gcc")
+
+    def world() -> Podman:
+        if not podman_world:
+            podman_world.append(hostile.podman_with_spec(tmp_path_factory.mktemp("podman"), fake))
+        return podman_world[0]
+
+    return Doors(fake.root, world, tmp_path_factory.getbasetemp() / "probe")
+
+
+# --- 6: never a traceback ------------------------------------------------------------------------------------
+
+
+def gpu_edits(fake: FakeDriver) -> ContainerEdits:
+    """What a GPU start with all capabilities gets (GPU_ENV)."""
+    inv = discover(Roots.make(str(fake.root)))
+    return plan(inv, resolve(inv, parse_request(list(GPU_ENV))))
+
+
+@pytest.mark.parametrize("door", DOORS)
+def test_read_only_library_folder_is_one_line(doors: Doors, fake: FakeDriver, tmp_path: Path, door: str) -> None:
+    """The library folder cannot change (the mount targets are there already) and holds a libcuda.so.1 link
+    that the start must replace: its unlink fails (EPERM). Every door says so in one line, none prints a
+    traceback (issue 22, item 6: the CDI and shim doors printed a Python traceback)."""
+    planted: list[Path] = []
+
+    def setup(rootfs: Path) -> None:
+        edits = gpu_edits(fake)
+        for link in edits.symlinks:  # every link already right but libcuda.so.1: only its unlink can fail
+            path = rootfs / link.link.lstrip("/")
+            if link.link.startswith(LIBDIR + "/") and not path.name.startswith("libcuda.so"):
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.symlink_to(link.target)
+        for target in (m.container_path for m in edits.mounts):
+            if target.startswith(LIBDIR + "/"):
+                (rootfs / target.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+                (rootfs / target.lstrip("/")).touch()
+        (rootfs / MULTIARCH / "libcuda.so.1").symlink_to("libcuda-elsewhere.so")
+        planted.append(rootfs / MULTIARCH)
+
+    need_tool("chattr")
+    try:
+        run = doors.start(door, tmp_path, setup=lambda r: (setup(r), subprocess.run(
+            ["chattr", "+i", str(r / MULTIARCH)], check=True)))
+    finally:
+        for folder in planted:
+            subprocess.run(["chattr", "-i", str(folder)], check=False)
+    run.refused("cannot create link", "libcuda.so", "in container: Operation not permitted")
