@@ -7,6 +7,7 @@ device node made) and what the start must do (work, or fail with one escaped lin
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -93,3 +94,24 @@ def test_read_only_library_folder_is_one_line(doors: Doors, fake: FakeDriver, tm
         for folder in planted:
             subprocess.run(["chattr", "-i", str(folder)], check=False)
     run.refused("cannot create link", "libcuda.so", "in container: Operation not permitted")
+
+
+# --- 5: no log injection -------------------------------------------------------------------------------------
+
+FORGED = "2026-01-01T00:00:00 forged-container inject devices=all caps=all"
+HOSTILE_NAME = f"zz\n{FORGED}\x1b[2K\x1b]0;owned\x07\r{'y' * 150}.conf"
+
+
+@pytest.mark.parametrize("door", DOORS)
+def test_image_names_cannot_forge_log_lines(doors: Doors, tmp_path: Path, door: str) -> None:
+    """An /etc/ld.so.conf.d entry whose name holds a newline, a forged log line, escape sequences and
+    150 more characters, standing as a FIFO (refused): the refusal is one line on stderr and in the log, its name
+    clipped and escaped (errors.clip), no raw control character anywhere (issue 22, item 5)."""
+    run = doors.start(door, tmp_path, setup=lambda r: os.mkfifo(r / "etc/ld.so.conf.d" / HOSTILE_NAME))
+    line = run.refused("not a regular file", "x0a2026-01-01")  # runc quotes it once more: \\x0a
+    assert len(line) < 1500, line
+    for text in (run.stderr, *run.log):
+        assert "\x1b" not in text and "\x07" not in text and "\r" not in text, repr(text[:300])
+    assert not any(FORGED in ln and "zz" not in ln for ln in run.stderr.splitlines()), run.stderr
+    if door != "cdi":  # the CDI hook writes no log; the hook's and the shim's are one line per start
+        assert len(run.log) == 1 and not run.log[0].split(" ", 1)[1].startswith(FORGED[20:]), run.log

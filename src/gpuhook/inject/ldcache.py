@@ -24,7 +24,7 @@ import stat
 import struct
 
 from gpuhook import _native
-from gpuhook.errors import InjectionError
+from gpuhook.errors import InjectionError, clip
 from gpuhook.inject.rootfs import RootFS
 
 CONF_FILE = "/etc/ld.so.conf.d/00-gpuhook.conf"
@@ -243,7 +243,8 @@ def update_ldcache(rootfs: RootFS, folders: list[str], ldconfig_fd: int) -> None
         raise InjectionError(f"ldconfig did not finish in {LDCONFIG_TIMEOUT_S}s in container (a FIFO in the image?)")
     if code != 0:
         last = output.splitlines()[-1] if output else f"exit status {code}"
-        raise InjectionError(f"ldconfig failed in container: {last}")
+        # ldconfig names the image's files in its warnings: clipped, control characters escaped
+        raise InjectionError(f"ldconfig failed in container: {clip(last, quote=False)}")
 
 
 def open_ldconfig(path: str) -> int:
