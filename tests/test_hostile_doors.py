@@ -115,3 +115,25 @@ def test_image_names_cannot_forge_log_lines(doors: Doors, tmp_path: Path, door: 
     assert not any(FORGED in ln and "zz" not in ln for ln in run.stderr.splitlines()), run.stderr
     if door != "cdi":  # the CDI hook writes no log; the hook's and the shim's are one line per start
         assert len(run.log) == 1 and not run.log[0].split(" ", 1)[1].startswith(FORGED[20:]), run.log
+
+
+# --- 4: bounded reading of the image's ld.so.conf ------------------------------------------------------------
+
+
+def conf_flood(rootfs: Path, count: int = 10_000) -> None:
+    """`count` hard links in /etc/ld.so.conf.d to one 64 KiB file (comments: ldconfig reads them fast). (An
+    include loop is bounded by gpuhook too, tests/test_ldcache_hostile.py, but glibc's ldconfig follows it
+    until its alarm.)"""
+    one = rootfs / "etc/flood.conf"
+    one.write_text(("# " + "x" * 61 + "\n") * 1024 + "/opt/flood\n")
+    for i in range(count):
+        os.link(one, rootfs / f"etc/ld.so.conf.d/flood-{i:05d}.conf")
+
+
+@pytest.mark.parametrize("door", DOORS)
+def test_ld_so_conf_flood_starts(doors: Doors, tmp_path: Path, door: str) -> None:
+    """10,000 hard links to a 64 KiB conf file: every door starts the container (gpuhook
+    reads a bounded part, ldconfig the rest) and the driver's libraries are in its ld cache."""
+    run = doors.start(door, tmp_path, setup=conf_flood, args=["sh", "-c", "grep -c libcuda.so.1 /etc/ld.so.cache"])
+    assert run.rc == 0, run.stderr[-2000:]
+    assert run.stdout.strip() != "0", run.stdout

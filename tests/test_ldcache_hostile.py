@@ -165,6 +165,51 @@ def test_update_ldcache_hides_every_procfs_in_the_rootfs(tmp_path: Path) -> None
         "ldconfig reached the host directory through the procfs (links written, cache entries, opens)"
 
 
+def hard_link_flood(rootfs: Path, count: int) -> None:
+    """`count` hard links in /etc/ld.so.conf.d to one 64 KiB file of distinct folders (issue 22, item 4: 30,000
+    of them took 1.9 GiB and 5.5 s of the hook), plus an include loop in /etc/ld.so.conf."""
+    confd = rootfs / "etc/ld.so.conf.d"
+    confd.mkdir(parents=True, exist_ok=True)
+    one = rootfs / "etc/flood.conf"
+    one.write_text("".join(f"/opt/flood/{i:06d}\n" for i in range(1 << 16 >> 4)))
+    for i in range(count):
+        os.link(one, confd / f"flood-{i:05d}.conf")
+    (rootfs / "etc/ld.so.conf").write_text("include /etc/ld.so.conf\ninclude /etc/ld.so.conf.d/*.conf\n")
+
+
+def test_ld_so_conf_reading_is_bounded(tmp_path: Path) -> None:
+    """configured_folders reads at most MAX_CONF_FILES files and MAX_CONF_TOTAL bytes, in constant memory,
+    whatever the image holds; an include loop ends at MAX_INCLUDE_DEPTH."""
+    import time
+    import tracemalloc
+
+    rootfs = small_rootfs(tmp_path)
+    hard_link_flood(rootfs, 30_000)
+    tracemalloc.start()
+    began = time.monotonic()
+    with RootFS(str(rootfs)) as root:
+        found = ldcache.configured_folders(root)
+    took = time.monotonic() - began
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert len(found) <= ldcache.MAX_FOLDERS + len(ldcache.TRUSTED_DIRS)
+    assert "/opt/flood/000000" in found
+    assert peak < 8 << 20, f"{peak} bytes at the peak"
+    assert took < 2.0, f"{took:.1f}s"
+
+
+def test_ld_so_conf_includes_are_followed(tmp_path: Path) -> None:
+    """`include` lines (relative to the including file, a glob in the last component) are read, nested."""
+    rootfs = small_rootfs(tmp_path)
+    (rootfs / "etc/ld.so.conf").write_text("include conf.a/*.conf\n/top\n")
+    (rootfs / "etc/conf.a").mkdir()
+    (rootfs / "etc/conf.a/1.conf").write_text("/one\ninclude /etc/conf.b/two.conf\n")
+    (rootfs / "etc/conf.b").mkdir()
+    (rootfs / "etc/conf.b/two.conf").write_text("/two # a comment\n")
+    with RootFS(str(rootfs)) as root:
+        assert {"/top", "/one", "/two"} <= ldcache.configured_folders(root)
+
+
 def test_ldconfig_must_be_static(tmp_path: Path) -> None:
     """Exec'd inside the container's root, a dynamic ldconfig would load the image's ld.so and libc, and a
     script the image's interpreter: both are refused before anything happens; the host's static one is fine."""

@@ -25,7 +25,7 @@ import struct
 
 from gpuhook import _native
 from gpuhook.errors import InjectionError, clip
-from gpuhook.inject.rootfs import RootFS
+from gpuhook.inject.rootfs import RootFS, shown
 
 CONF_FILE = "/etc/ld.so.conf.d/00-gpuhook.conf"
 TRUSTED_DIRS = frozenset({"/lib", "/usr/lib", "/lib64", "/usr/lib64"})
@@ -35,31 +35,94 @@ _KEPT_FLAGS = (_native.MS_RDONLY | _native.MS_NOSUID | _native.MS_NODEV | _nativ
                | _native.MS_RELATIME | 2048)  # 2048: MS_NODIRATIME
 
 
-def _read_text(rootfs: RootFS, path: str) -> str:
-    """A config file's text ("" when missing); InjectionError when something else than a file stands there."""
-    data = rootfs.read_file(path, 1 << 16)
-    return "" if data is None else data.decode(errors="replace")
+# What gpuhook reads of an image's ld.so configuration (on the host's side, at every start): bounded in files,
+# bytes and include depth, so that 30,000 hard links to one 64 KiB file cost what 256 files do. Beyond a bound
+# reading stops: the result only spares writing a folder the image already lists (a duplicate is harmless),
+# and ldconfig itself runs confined, nodev and under an alarm.
+MAX_CONF_FILES = 256
+MAX_CONF_BYTES = 1 << 16  # per file
+MAX_CONF_TOTAL = 1 << 20  # all files together
+MAX_INCLUDE_DEPTH = 4
+MAX_FOLDERS = 4096
+_GLOB = frozenset("*?[")
+
+
+class _Budget:
+    """Files and bytes left to read of the image's ld.so configuration."""
+
+    def __init__(self) -> None:
+        self.files, self.bytes = MAX_CONF_FILES, MAX_CONF_TOTAL
+        self.seen: set[str] = set()  # at most MAX_CONF_FILES paths: each file is read once
+
+    def take(self, path: str) -> int:
+        """Bytes file `path` may have (0: already read, or stop reading)."""
+        if self.files <= 0 or self.bytes <= 0 or path in self.seen:
+            return 0
+        self.files -= 1
+        self.seen.add(path)
+        return min(MAX_CONF_BYTES, self.bytes)
+
+
+def _matches(rootfs: RootFS, pattern: str, budget: _Budget) -> list[str]:
+    """Container paths an `include` pattern names: a glob in its last component only (what images use:
+    `include /etc/ld.so.conf.d/*.conf`), the folder resolved inside the rootfs; at most the budget's files."""
+    import fnmatch
+
+    folder, _, glob = pattern.rpartition("/")
+    folder = folder or "/"
+    if any(c in _GLOB for c in folder):
+        return []
+    if not any(c in _GLOB for c in glob):
+        return [posixpath.join(folder, glob)]
+    try:
+        dfd = rootfs.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except InjectionError:
+        return []
+    out: list[str] = []
+    try:
+        with os.scandir(dfd) as entries:  # streamed, never sorted: only membership matters
+            for entry in entries:
+                if len(out) >= budget.files:
+                    break
+                if fnmatch.fnmatchcase(entry.name, glob):
+                    out.append(posixpath.join(folder, entry.name))
+    except OSError as exc:
+        raise InjectionError(f"cannot list {shown(folder)} in container: {exc.strerror}") from None
+    finally:
+        os.close(dfd)
+    return out
+
+
+def _read_conf(rootfs: RootFS, path: str, depth: int, budget: _Budget, found: set[str]) -> None:
+    """Add the folders `path` lists (and, `depth` levels deep, those of the files it includes) to `found`.
+    A missing file adds nothing; something else than a regular file is refused (InjectionError)."""
+    limit = budget.take(posixpath.normpath(path))
+    if limit == 0:
+        return
+    data = rootfs.read_file(path, limit)
+    if data is None:
+        return
+    budget.bytes -= len(data)
+    base = posixpath.dirname(path)
+    for raw in data.decode(errors="replace").splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if line.startswith("/") and len(found) < MAX_FOLDERS:
+            found.add(posixpath.normpath(line))
+        elif line.startswith("include") and line[7:8].isspace() and depth > 0:
+            for pattern in line[8:].split():
+                for match in _matches(rootfs, posixpath.join(base, pattern), budget):
+                    _read_conf(rootfs, match, depth - 1, budget, found)
 
 
 def configured_folders(rootfs: RootFS) -> set[str]:
-    """Folders the image's ld.so.conf (one level of includes under /etc/ld.so.conf.d) already lists."""
+    """Folders the image's ld.so.conf already lists: its lines, the files its `include` lines name (up to
+    MAX_INCLUDE_DEPTH deep), and /etc/ld.so.conf.d/*.conf (where gpuhook writes its own entry) in any case;
+    read within MAX_CONF_FILES, MAX_CONF_BYTES each and MAX_CONF_TOTAL, in constant memory."""
     found = set(TRUSTED_DIRS)
-    texts = [_read_text(rootfs, "/etc/ld.so.conf")]
-    try:
-        dfd = rootfs.open("/etc/ld.so.conf.d", os.O_RDONLY | os.O_DIRECTORY)
-    except InjectionError:
-        dfd = -1
-    if dfd >= 0:
-        try:
-            names = sorted(n for n in os.listdir(dfd) if n.endswith(".conf"))
-        finally:
-            os.close(dfd)
-        texts += [_read_text(rootfs, f"/etc/ld.so.conf.d/{n}") for n in names]
-    for text in texts:
-        for line in text.splitlines():
-            line = line.split("#", 1)[0].strip()
-            if line.startswith("/"):
-                found.add(posixpath.normpath(line))
+    budget = _Budget()
+    _read_conf(rootfs, "/etc/ld.so.conf", MAX_INCLUDE_DEPTH, budget, found)
+    for match in _matches(rootfs, "/etc/ld.so.conf.d/*.conf", budget):
+        _read_conf(rootfs, match, MAX_INCLUDE_DEPTH - 1, budget, found)
     return found
 
 
