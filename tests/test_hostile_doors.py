@@ -7,6 +7,7 @@ device node made) and what the start must do (work, or fail with one escaped lin
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from collections.abc import Iterator
@@ -20,7 +21,7 @@ from support.e2e import need_tool
 from support.glibc import MULTIARCH
 from support.podman import Podman
 
-from gpuhook.discover import Roots, discover
+from gpuhook.discover import Roots, cache, discover
 from gpuhook.fakedriver import FakeDriver
 from gpuhook.model.edits import ContainerEdits, plan
 from gpuhook.model.request import parse_request
@@ -137,3 +138,39 @@ def test_ld_so_conf_flood_starts(doors: Doors, tmp_path: Path, door: str) -> Non
     run = doors.start(door, tmp_path, setup=conf_flood, args=["sh", "-c", "grep -c libcuda.so.1 /etc/ld.so.cache"])
     assert run.rc == 0, run.stderr[-2000:]
     assert run.stdout.strip() != "0", run.stdout
+
+
+# --- 3: the inventory cache is a hint ------------------------------------------------------------------------
+
+
+def forged_cache(fake: FakeDriver, path: Path) -> None:
+    """A cache with the right fingerprint that adds the host's /etc/shadow as a driver config file, left
+    world-writable (as anyone could have written it)."""
+    good = cache.inventory(Roots.make(str(fake.root), None, str(fake.root / "proc")), str(path.with_name("g.json")))
+    data = good.to_dict()
+    data["files"].append({"kind": "config", "capability": "utility", "path": "/etc/forged", "host_path": "/etc/shadow"})
+    path.write_text(json.dumps(data))
+    path.chmod(0o666)
+
+
+@pytest.mark.parametrize("door", DOORS)
+def test_a_forged_inventory_cache_is_ignored(doors: Doors, fake: FakeDriver, tmp_path: Path, door: str) -> None:
+    """Hook and shim read the configured cache at every start, `generate-cdi --inventory-cache` (what the CDI door
+    uses) once: a forged, world-writable cache is ignored with one note and the true inventory is used (issue
+    22, item 3: it made the hook bind the host's /etc/shadow)."""
+    tmp_path.mkdir(exist_ok=True)
+    forged = tmp_path / "inventory.json"  # the path hostile.write_config gives the hook and the shim
+    forged_cache(fake, forged)
+    if door == "cdi":
+        spec = tmp_path / "spec.yaml"
+        result = subprocess.run([hostile.gpuhook_binary(), "generate-cdi", "--driver-root", str(fake.root),
+                                 "--proc-root", str(fake.root / "proc"), "--inventory-cache", str(forged),
+                                 "--output", str(spec)], capture_output=True, text=True, check=False)
+        assert result.returncode == 0, result.stderr
+        assert "/etc/shadow" not in spec.read_text() and "/etc/forged" not in spec.read_text()
+        assert [ln for ln in result.stderr.splitlines() if "ignored" in ln] != [], result.stderr
+        return
+    run = doors.start(door, tmp_path, args=["sh", "-c", "ls /etc/forged 2>&1; ls /dev | grep -c nvidia0"])
+    assert run.rc == 0, run.stderr[-2000:]
+    assert "No such file" in run.stdout and run.stdout.split()[-1] == "1", run.stdout
+    assert len(run.log) == 1 and "inventory cache" in run.log[0] and "ignored" in run.log[0], run.log
