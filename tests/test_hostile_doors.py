@@ -16,11 +16,13 @@ from typing import Any
 
 import pytest
 from support import hostile
-from support.doors import DOORS, GPU_ENV, Doors
+from support.doors import DOORS, GPU_ENV, Doors, Run
 from support.e2e import need_tool
 from support.glibc import MULTIARCH
 from support.podman import Podman
+from support.runc import make_bundle
 
+from gpuhook.cdi.spec import render_hooks
 from gpuhook.discover import Roots, cache, discover
 from gpuhook.fakedriver import FakeDriver
 from gpuhook.model.edits import ContainerEdits, plan
@@ -174,3 +176,62 @@ def test_a_forged_inventory_cache_is_ignored(doors: Doors, fake: FakeDriver, tmp
     assert run.rc == 0, run.stderr[-2000:]
     assert "No such file" in run.stdout and run.stdout.split()[-1] == "1", run.stdout
     assert len(run.log) == 1 and "inventory cache" in run.log[0] and "ignored" in run.log[0], run.log
+
+
+# --- 10: concurrency and agreement ---------------------------------------------------------------------------
+
+
+def conf_via_proc(rootfs: Path) -> None:
+    (rootfs / "etc/ld.so.conf").unlink()
+    (rootfs / "etc/ld.so.conf").symlink_to("/proc/self/root/etc/ld.so.conf.real")
+    (rootfs / "etc/ld.so.conf.real").write_text("include /etc/ld.so.conf.d/*.conf\n")
+
+
+@pytest.mark.parametrize("door", DOORS)
+def test_ld_so_conf_through_proc_self_root_is_one_rule(doors: Doors, tmp_path: Path, door: str) -> None:
+    """/etc/ld.so.conf -> /proc/self/root/…: the hook started, the CDI and shim doors refused (the container's
+    procfs is mounted at createContainer, not at prestart). One rule now: a configuration path that does not
+    resolve inside the rootfs is no configuration, as ldconfig (every procfs hidden) sees it; the start works
+    on every door with the driver in the ld cache, and nothing of the host's /etc/ld.so.conf is read."""
+    run = doors.start(door, tmp_path, setup=conf_via_proc, args=["sh", "-c", "grep -c libcuda.so.1 /etc/ld.so.cache"])
+    assert run.rc == 0, run.stderr[-2000:]
+    assert run.stdout.strip() != "0", run.stdout
+
+
+CONCURRENT = 8
+
+
+@pytest.mark.parametrize("door", DOORS)
+def test_concurrent_starts_of_one_image_directory_all_succeed(doors: Doors, fake: FakeDriver, tmp_path: Path,
+                                                              door: str) -> None:
+    """Eight GPU starts at once on one shared image directory: every one succeeds (a concurrent mkdir of a mount
+    target's folder was an error, and two ldconfigs racing on /etc/ld.so.cache~ failed one of them), the ld
+    cache holds the driver, and no temp file is left in the image's /etc. podman 4.3.1 itself hangs starting
+    one --rootfs several times at once (GPU or not), so the CDI door runs its spec's createContainer hook
+    command directly, eight at once, each with the OCI state of its own bundle on that image."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from support.glibc import glibc_rootfs
+
+    image = glibc_rootfs(tmp_path / "image", probe_cache=tmp_path.parent / "probe")
+    probe = ["sh", "-c", "grep -c libcuda.so.1 /etc/ld.so.cache"]
+    if door == "cdi":
+        hook = render_hooks(gpu_edits(fake), hostile.gpuhook_binary())[0]
+
+        def one(i: int) -> Run:
+            bundle = make_bundle(tmp_path / f"start-{i}", image, ["true"])
+            state = json.dumps({"ociVersion": "1.0.2", "id": f"c{i}", "status": "creating", "pid": 1,
+                                "bundle": str(bundle)})
+            result = subprocess.run(hook["args"], executable=hook["path"], input=state, env={}, capture_output=True,
+                                    text=True, timeout=60, check=False)
+            return Run("cdi", result.returncode, "1", result.stderr, image)
+    else:
+        def one(i: int) -> Run:
+            return doors.start(door, tmp_path / f"start-{i}", rootfs=image, args=probe)
+    with ThreadPoolExecutor(CONCURRENT) as pool:
+        runs = list(pool.map(one, range(CONCURRENT)))
+    assert hostile.kill_leftovers(str(image)) == []
+    failed = [(r.rc, r.stderr[-800:]) for r in runs if r.rc != 0]
+    assert failed == [], failed
+    assert all(r.stdout.strip() not in ("", "0") for r in runs), [r.stdout for r in runs]
+    assert sorted(p.name for p in (image / "etc").iterdir() if p.name.startswith("ld.so.cache")) == ["ld.so.cache"]

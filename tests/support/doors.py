@@ -69,17 +69,21 @@ class Doors:
               gpu: bool = True, config: Mapping[str, Any] | None = None, args: Sequence[str] = ("true",),
               volumes: Sequence[tuple[str, str, str]] = (), annotations: Mapping[str, str] | None = None,
               cdi_devices: Sequence[str] = ("nvidia.com/gpu=0",), timeout: float = TIMEOUT,
-              bundle_extra: Mapping[str, Any] | None = None) -> Run:
-        """One start through `door` of a fresh glibc image under `work`, corrupted by `setup(rootfs)`;
-        `volumes` are (host path, container path, options) binds; `config` extends the hook's config file."""
+              bundle_extra: Mapping[str, Any] | None = None, rootfs: Path | None = None) -> Run:
+        """One start through `door` of a fresh glibc image under `work` (or of the shared image `rootfs`),
+        corrupted by `setup(rootfs)`; `volumes` are (host path, container path, options) binds; `config` extends
+        the hook's config file."""
         work.mkdir(parents=True, exist_ok=True)
-        rootfs = glibc_rootfs(work / "bundle" if door != "cdi" else work, probe_cache=self.probe_cache)
+        shared = rootfs is not None  # then concurrent starts share it: leftovers are the caller's to look for
+        if rootfs is None:
+            rootfs = glibc_rootfs(work / "bundle" if door != "cdi" else work, probe_cache=self.probe_cache)
         if setup is not None:
             setup(rootfs)
         full_env = [*env, *(GPU_ENV if gpu else ())]
         conf = hostile.write_config(work, self.driver_root, **dict(config or {}))
         if door == "cdi":
-            return self._podman(work, rootfs, full_env, list(cdi_devices) if gpu else [], args, volumes, timeout)
+            return self._podman(work, rootfs, full_env, list(cdi_devices) if gpu else [], args, volumes, timeout,
+                                shared)
         mounts = [{"destination": dst, "type": "bind", "source": src, "options": ["rbind", *opts.split(",")]}
                   for src, dst, opts in volumes]
         bundle = make_bundle(work / "bundle", rootfs, list(args), env=full_env, mounts=mounts,
@@ -104,7 +108,7 @@ class Doors:
         return Run(door, rc, out, err, rootfs, hostile.log_lines(work))
 
     def _podman(self, work: Path, rootfs: Path, env: list[str], devices: list[str], args: Sequence[str],
-                volumes: Sequence[tuple[str, str, str]], timeout: float) -> Run:
+                volumes: Sequence[tuple[str, str, str]], timeout: float, shared: bool = False) -> Run:
         world = self.world()
         cmd = world.run_command(rootfs, devices, list(args), env=env)
         at = cmd.index("--rootfs")
@@ -115,5 +119,6 @@ class Doors:
             rc, out, err = result.returncode, result.stdout, result.stderr
         except subprocess.TimeoutExpired as exc:
             rc, out, err = None, str(exc.stdout or ""), str(exc.stderr or "")
-        hostile.kill_leftovers(str(rootfs))
+        if not shared:
+            hostile.kill_leftovers(str(rootfs))
         return Run("cdi", rc, out, err, rootfs, [])

@@ -16,12 +16,14 @@ ld.so.cache~) must be regular files.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import posixpath
 import re
 import signal
 import stat
 import struct
+from collections.abc import Iterator
 
 from gpuhook import _native
 from gpuhook.errors import InjectionError, clip
@@ -99,7 +101,9 @@ def _read_conf(rootfs: RootFS, path: str, depth: int, budget: _Budget, found: se
     limit = budget.take(posixpath.normpath(path))
     if limit == 0:
         return
-    data = rootfs.read_file(path, limit)
+    # One rule on every door: what cannot be resolved (a link loop, a /proc/self/root link, mounted at
+    # createContainer and not at prestart) is no configuration, as ldconfig, with every procfs hidden, sees it.
+    data = rootfs.read_file(path, limit, loop_is_missing=True)
     if data is None:
         return
     budget.bytes -= len(data)
@@ -279,6 +283,37 @@ def _child(rootfs: RootFS, ldconfig_fd: int, argv: list[str], err_w: int) -> Non
             os.write(err_w, f"cannot run ldconfig: {exc}".encode())
         finally:
             os._exit(127)
+
+
+@contextlib.contextmanager
+def image_lock(rootfs: RootFS, timeout: float = LDCONFIG_TIMEOUT_S) -> Iterator[None]:
+    """Hold an exclusive flock on the image's /etc while its ld configuration and cache are rewritten.
+
+    Containers started at once from one shared image directory each run ldconfig over the same /etc: both write
+    /etc/ld.so.cache~ and rename it, and the second rename fails (ENOENT), failing a start that did nothing
+    wrong. One at a time, they all succeed. The lock lives on the image's own directory, so only starts of
+    that image wait; one holding it forever (a container's own flock) costs at most `timeout`."""
+    import fcntl
+    import time
+
+    os.close(rootfs.mkdirs("/etc"))
+    fd = rootfs.open("/etc", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise InjectionError(f"/etc in container: locked by another start for over {timeout:.0f}s") \
+                        from None
+                time.sleep(0.01)
+            except OSError as exc:
+                raise InjectionError(f"cannot lock /etc in container: {exc.strerror}") from None
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def update_ldcache(rootfs: RootFS, folders: list[str], ldconfig_fd: int) -> None:

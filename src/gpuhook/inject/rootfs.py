@@ -98,8 +98,9 @@ class RootFS:
                     self._mkdir_at(current, part, mode, norm)
                     try:
                         nxt = _native.openat2(self.fd, prefix, O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, 0, RESOLVE)
-                    except OSError as again:  # replaced between our mkdir and this open
-                        raise _error("", norm, again) from None
+                    except OSError as again:  # a dangling link, a file, or replaced since
+                        raise InjectionError(f"{shown(norm)} in container: {clip(part)} exists but is not a usable "
+                                             f"directory ({again.strerror})") from None
                 os.close(current)
                 current = nxt
             return current
@@ -109,12 +110,12 @@ class RootFS:
 
     @staticmethod
     def _mkdir_at(dirfd: int, name: str, mode: int, full: str) -> None:
+        """mkdir, where EEXIST is fine: another start on the same image made it between our lookup and now (what
+        stands there is checked by the lookup that follows: a dangling link or a file fails it)."""
         try:
             os.mkdir(name, mode, dir_fd=dirfd)
         except FileExistsError:
-            # A dangling symlink stands there: resolve it inside the root by creating its target.
-            raise InjectionError(f"{shown(full)} in container: {clip(name)} exists but is not a usable directory") \
-                from None
+            return
         except OSError as exc:
             raise _error("cannot create", full, exc) from None
 
@@ -142,9 +143,11 @@ class RootFS:
             wfd = _native.openat2(
                 pfd, name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, mode, RESOLVE
             )
+            os.close(wfd)
+        except FileExistsError:
+            pass  # another start on the same image made it since our lookup: checked as a regular file below
         except OSError as exc:
             raise _error("cannot create", full, exc) from None
-        os.close(wfd)
         try:
             return _native.openat2(pfd, name, O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW, 0, RESOLVE)
         except OSError as exc:  # replaced between the create and this open
@@ -176,13 +179,16 @@ class RootFS:
         finally:
             os.close(pfd)
 
-    def read_file(self, path: str, limit: int) -> bytes | None:
-        """Up to `limit` bytes of regular file `path` (symlinks followed inside the rootfs); None if missing.
+    def read_file(self, path: str, limit: int, loop_is_missing: bool = False) -> bytes | None:
+        """Up to `limit` bytes of regular file `path` (symlinks followed inside the rootfs); None if missing, and
+        with `loop_is_missing` also when the path cannot be resolved (ELOOP: a link loop, or a /proc magic link,
+        which dangles wherever the rootfs's procfs is not mounted or is hidden, as it is from ldconfig).
 
         Anything else standing there is refused (InjectionError) rather than opened: see _open_regular.
         """
         try:
-            fd = _open_regular(self.fd, path.lstrip("/") or ".", os.O_RDONLY, 0, RESOLVE, f"{shown(path)} in container")
+            fd = _open_regular(self.fd, path.lstrip("/") or ".", os.O_RDONLY, 0, RESOLVE, f"{shown(path)} in container",
+                               loop_is_missing)
         except _Missing:
             return None
         try:
@@ -211,7 +217,12 @@ class RootFS:
                 if os.readlink(name, dir_fd=pfd) == target:
                     return True
                 os.unlink(name, dir_fd=pfd)
-            os.symlink(target, name, dir_fd=pfd)
+            try:
+                os.symlink(target, name, dir_fd=pfd)
+            except FileExistsError:  # another start on the same image made it: fine if it is this very link
+                st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
+                if not stat.S_ISLNK(st.st_mode) or os.readlink(name, dir_fd=pfd) != target:
+                    raise
             return True
         except OSError as exc:
             raise InjectionError(f"cannot create link {shown(link)} -> {shown(target)} in container: "
@@ -235,7 +246,12 @@ class RootFS:
                 if stat.S_ISDIR(st.st_mode):
                     raise InjectionError(f"cannot create device {shown(path)} in container: a directory stands there")
                 os.unlink(name, dir_fd=pfd)
-            _native.mknodat(pfd, name, fmt | (mode & 0o7777), major, minor)
+            try:
+                _native.mknodat(pfd, name, fmt | (mode & 0o7777), major, minor)
+            except FileExistsError:  # another start on the same image made it: fine if it is this very node
+                st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
+                if stat.S_IFMT(st.st_mode) != fmt or st.st_rdev != os.makedev(major, minor):
+                    raise
         except OSError as exc:
             raise _error("cannot create device", path, exc) from None
         finally:
@@ -246,7 +262,8 @@ class _Missing(InjectionError):
     """The path does not exist (read_file turns this into None)."""
 
 
-def _open_regular(dirfd: int, rel: str, flags: int, o_extra: int, resolve: int, what: str) -> int:
+def _open_regular(dirfd: int, rel: str, flags: int, o_extra: int, resolve: int, what: str,
+                  loop_is_missing: bool = False) -> int:
     """Open `rel` for I/O only if it is a regular file.
 
     The hook and the host's ldconfig run outside the container's device cgroup, so opening an image's device
@@ -258,6 +275,8 @@ def _open_regular(dirfd: int, rel: str, flags: int, o_extra: int, resolve: int, 
     except FileNotFoundError:
         raise _Missing(f"{what}: No such file or directory") from None
     except OSError as exc:
+        if loop_is_missing and exc.errno == errno.ELOOP:
+            raise _Missing(f"{what}: {exc.strerror}") from None
         raise InjectionError(f"{what}: {exc.strerror}") from None
     try:
         if not stat.S_ISREG(os.fstat(opath).st_mode):
