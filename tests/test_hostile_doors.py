@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -235,3 +236,42 @@ def test_concurrent_starts_of_one_image_directory_all_succeed(doors: Doors, fake
     assert failed == [], failed
     assert all(r.stdout.strip() not in ("", "0") for r in runs), [r.stdout for r in runs]
     assert sorted(p.name for p in (image / "etc").iterdir() if p.name.startswith("ld.so.cache")) == ["ld.so.cache"]
+
+
+# --- 2: nothing created on a volume through an image link --------------------------------------------------
+
+
+def snapshot(top: Path) -> dict[str, str]:
+    return hostile.content(top)
+
+
+@pytest.mark.parametrize("door", DOORS)
+def test_no_writes_into_a_host_volume_through_an_image_link(doors: Doors, tmp_path: Path, door: str) -> None:
+    """A writable bind of a root-owned host directory at /data, and an image whose library folder is a link to
+    /data/lib: the container itself gets EACCES there, yet a GPU start left 22 (hook, shim) or 59 (CDI)
+    root-owned mount targets and links in the host directory (issue 22, item 2). gpuhook now creates, writes
+    and removes only on the rootfs's own mount (and the container's /dev, /proc/driver/nvidia): the hook
+    refuses in one line and leaves the volume as it was; on the CDI and shim doors runc itself makes the mount
+    targets (the runtime's part, before any hook runs), and gpuhook's container hook refuses to add links or
+    ld configuration there."""
+    volume = tmp_path / "host-volume"
+    (volume / "lib").mkdir(parents=True)
+    (volume / "keep.txt").write_text("host data\n")
+    for name in ("ld-linux-x86-64.so.2", "libc.so.6"):  # the image's loader and libc, on the volume
+        shutil.copy2(os.path.realpath(f"/lib/x86_64-linux-gnu/{name}"), volume / "lib" / name)
+
+    def setup(rootfs: Path) -> None:
+        libdir = rootfs / MULTIARCH
+        shutil.rmtree(libdir)
+        libdir.symlink_to("/data/lib")
+        (rootfs / "data").mkdir()
+
+    before = snapshot(volume)
+    run = doors.start(door, tmp_path / "work", setup=setup, volumes=[(str(volume), "/data", "rw")])
+    run.refused("leads out of the container's own filesystem")
+    after = snapshot(volume)
+    made = {k: v for k, v in after.items() if before.get(k) != v}
+    if door == "hook":
+        assert made == {}, f"the hook wrote into the host volume: {sorted(made)[:10]}"
+    else:  # what runc made (empty mount targets) may be there; nothing of gpuhook's: no link, no conf, no cache
+        assert not [k for k, v in made.items() if v.startswith("-> ") or not k.startswith("lib/")], sorted(made)[:10]

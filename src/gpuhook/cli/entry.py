@@ -97,9 +97,13 @@ def cdi_hook(args: Sequence[str]) -> int:
         from gpuhook.cli.app import main as cli_main
 
         return cli_main(["cdi-hook", *args])
-    from gpuhook.inject.containerhooks import container_rootfs, update_container
+    from gpuhook.inject.containerhooks import container_owner, container_rootfs, update_container
 
-    return run_lean(lambda: update_container(container_rootfs(sys.stdin.buffer.read()), *parsed))
+    def work() -> None:
+        state = sys.stdin.buffer.read()
+        update_container(container_rootfs(state), *parsed, owner=container_owner(state))
+
+    return run_lean(work)
 
 
 def run_lean(work: Callable[[], object]) -> int:

@@ -112,7 +112,7 @@ def apply_in_namespace(
     With `userns_root` (a container with its own user namespace), `sources` also holds a clone of each device
     node's host node, keyed by its container path, bound instead of made with mknod."""
     os.umask(0)
-    with RootFS(rootfs_path) as root:
+    with RootFS(rootfs_path, owner=userns_root) as root:
         for node in edits.device_nodes:
             if userns_root is None:
                 root.mknod(node.path, node.mode, node.major, node.minor, node.type)

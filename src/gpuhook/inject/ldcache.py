@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import os
 import posixpath
-import re
 import signal
 import stat
 import struct
@@ -27,7 +26,7 @@ from collections.abc import Iterator
 
 from gpuhook import _native
 from gpuhook.errors import InjectionError, clip
-from gpuhook.inject.rootfs import RootFS, shown
+from gpuhook.inject.rootfs import RootFS, mountinfo_path, shown
 
 CONF_FILE = "/etc/ld.so.conf.d/00-gpuhook.conf"
 TRUSTED_DIRS = frozenset({"/lib", "/usr/lib", "/lib64", "/usr/lib64"})
@@ -193,13 +192,6 @@ def _check_cache_tmp(rootfs: RootFS) -> None:
         raise InjectionError("/etc/ld.so.cache~ in container: not a regular file")
 
 
-def _unescape(field: str) -> str:
-    """A mountinfo path field: spaces, tabs, newlines and backslashes are written as octal escapes."""
-    if "\\" not in field:  # the common case, without a regex per line
-        return field
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
-
-
 def _mounts_under(root_path: str) -> list[tuple[str, str]]:
     """(mount point, fs type) of the rootfs mount and every mount below it, in mountinfo order.
 
@@ -209,19 +201,22 @@ def _mounts_under(root_path: str) -> list[tuple[str, str]]:
     with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
         for line in f:
             fields = line.split()
-            point = _unescape(fields[4])
+            point = mountinfo_path(fields[4])
             if point == root_path or point.startswith(prefix):
                 out.append((point, fields[fields.index("-") + 1]))
     return out
 
 
-def _remount_nodev(points: list[str]) -> None:
-    """In the child's private namespace, add nodev to the rootfs mount and every mount below it."""
+def _remount_nodev(top: str, points: list[str]) -> None:
+    """In the child's private namespace, add nodev to the rootfs mount (`top`) and every mount below it, and make
+    every mount below it read-only: ldconfig writes its cache and soname links, and an image folder that links
+    onto a volume (a host directory) must not receive them (only the rootfs's own mount stays writable)."""
     for point in points:
         kept = os.statvfs(point).f_flag & _KEPT_FLAGS
-        if kept & _native.MS_NODEV:  # already nodev (every driver file gpuhook binds is): nothing to change
+        wanted = kept | _native.MS_NODEV | (_native.MS_RDONLY if point != top else 0)
+        if wanted == kept:  # already so (every driver file gpuhook binds is): nothing to change
             continue
-        _native.mount(None, point, None, _native.MS_REMOUNT | _native.MS_BIND | _native.MS_NODEV | kept, None)
+        _native.mount(None, point, None, _native.MS_REMOUNT | _native.MS_BIND | wanted, None)
 
 
 def _hide(rootfs: RootFS, path: str) -> None:
@@ -265,7 +260,7 @@ def _child(rootfs: RootFS, ldconfig_fd: int, argv: list[str], err_w: int) -> Non
         _native.mount(None, "/", None, _native.MS_REC | _native.MS_PRIVATE, None)
         top = os.readlink(f"/proc/self/fd/{rootfs.fd}")  # the rootfs's real path, as mountinfo spells it
         mounts = _mounts_under(top)
-        _remount_nodev([point for point, _ in mounts])
+        _remount_nodev(top, [point for point, _ in mounts])
         rootfs = RootFS(rootfs.path)  # a descriptor opened before unshare() is in the old namespace: mount() EINVAL
         _hide_procfs(rootfs, top, mounts)
         os.dup2(err_w, 1)
@@ -339,6 +334,16 @@ def update_ldcache(rootfs: RootFS, folders: list[str], ldconfig_fd: int) -> None
     code = os.waitstatus_to_exitcode(status)
     if code == -signal.SIGALRM:
         raise InjectionError(f"ldconfig did not finish in {LDCONFIG_TIMEOUT_S}s in container (a FIFO in the image?)")
+    if code == 0 and rootfs.owner is not None:  # the cache ldconfig (as root) wrote goes to the container's root
+        pfd = rootfs.open("/etc")
+        try:
+            rootfs.check_own(pfd, "/etc/ld.so.cache")
+            if stat.S_ISREG(os.stat("ld.so.cache", dir_fd=pfd, follow_symlinks=False).st_mode):
+                os.chown("ld.so.cache", *rootfs.owner, dir_fd=pfd, follow_symlinks=False)
+        except OSError as exc:
+            raise InjectionError(f"cannot give /etc/ld.so.cache to the container's root: {exc.strerror}") from None
+        finally:
+            os.close(pfd)
     if code != 0:
         last = output.splitlines()[-1] if output else f"exit status {code}"
         # ldconfig names the image's files in its warnings: clipped, control characters escaped

@@ -5,6 +5,14 @@ by the kernel with openat2(RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS) from a descr
 symlink is followed as if the rootfs were `/` and can never lead out of it, and /proc magic links
 (/proc/self/root, /proc/1/root) are refused. Creation happens through *at() calls on descriptors obtained
 that way, never through a path string re-resolved later.
+
+Resolving inside the rootfs is not enough when the runtime mounted a host directory into it (a writable volume
+at /data): an image link /usr/lib/x86_64-linux-gnu -> /data/lib stays inside the rootfs and still leads onto
+the host's directory. So whatever is created, written or removed here must sit in a folder on the rootfs's own
+mount, or on the two mounts made for the container's devices (the runtime's /dev, gpuhook's tmpfs on
+/proc/driver/nvidia); anything else fails the start with one line (the check openat2 RESOLVE_NO_XDEV would do
+for the whole path, made on the folder's mount id, so the runtime's /dev can still be reached). With `owner`
+(a container with its own user namespace), what is created belongs to the container's root.
 """
 
 from __future__ import annotations
@@ -41,15 +49,66 @@ def _split(path: str) -> tuple[str, str]:
     return posixpath.split(norm)
 
 
+def mount_id(fd: int) -> int:
+    """The id of the mount `fd` lies on (/proc/self/fdinfo: statx's STX_MNT_ID without statx)."""
+    with open(f"/proc/self/fdinfo/{fd}", "rb") as f:
+        for line in f:
+            if line.startswith(b"mnt_id:"):
+                return int(line.split()[1])
+    raise InjectionError("cannot tell which mount a container folder is on (no mnt_id in fdinfo)")
+
+
+def mountinfo_path(field: str) -> str:
+    """A mountinfo path field: spaces, tabs, newlines and backslashes are written as octal escapes."""
+    if "\\" not in field:
+        return field
+    import re
+
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+DEVICE_MOUNTS = ("/dev", "/proc/driver/nvidia")  # mounts made for the container's devices, besides its own
+
+
 class RootFS:
     """A container rootfs held open by descriptor; close() (or a with-block) releases it."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, owner: tuple[int, int] | None = None) -> None:
         self.path = path
+        self.owner = owner
         try:
             self.fd = os.open(path, O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as exc:
             raise InjectionError(f"cannot open container rootfs {path}: {exc.strerror}") from None
+        self._mounts: frozenset[int] | None = None
+
+    def own_mounts(self) -> frozenset[int]:
+        """Ids of the mounts gpuhook may create on: the rootfs's, and those mounted exactly at DEVICE_MOUNTS in
+        it (read once they are needed: /proc/driver/nvidia's tmpfs is made during injection)."""
+        top = os.readlink(f"/proc/self/fd/{self.fd}").rstrip("/")
+        wanted = {top + p for p in DEVICE_MOUNTS}
+        ids = {mount_id(self.fd)}
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
+            for line in f:
+                fields = line.split(" ", 5)
+                if mountinfo_path(fields[4]) in wanted:
+                    ids.add(int(fields[0]))  # the last one mounted there wins: it is what a lookup sees
+        return frozenset(ids)
+
+    def check_own(self, pfd: int, path: str) -> None:
+        """Refuse to create, write or remove anything in folder `pfd` (where `path` goes) unless it is on one of
+        own_mounts(): an image link must not lead gpuhook onto a volume, a host directory."""
+        mnt = mount_id(pfd)
+        if self._mounts is None or mnt not in self._mounts:
+            self._mounts = self.own_mounts()
+        if mnt not in self._mounts:
+            raise InjectionError(f"{shown(path)} in container: leads out of the container's own filesystem (onto "
+                                 "a volume or another mount): refusing to create anything there")
+
+    def _chown(self, pfd: int, name: str) -> None:
+        """Give what was just created to the container's root (user namespace), never following a link."""
+        if self.owner is not None:
+            os.chown(name, *self.owner, dir_fd=pfd, follow_symlinks=False)
 
     def __enter__(self) -> RootFS:
         return self
@@ -95,6 +154,7 @@ class RootFS:
                 except OSError as exc:
                     if exc.errno != errno.ENOENT:
                         raise InjectionError(f"{shown(norm)} in container: {clip(part)} is {exc.strerror}") from None
+                    self.check_own(current, norm)
                     self._mkdir_at(current, part, mode, norm)
                     try:
                         nxt = _native.openat2(self.fd, prefix, O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, 0, RESOLVE)
@@ -108,12 +168,12 @@ class RootFS:
             os.close(current)
             raise
 
-    @staticmethod
-    def _mkdir_at(dirfd: int, name: str, mode: int, full: str) -> None:
+    def _mkdir_at(self, dirfd: int, name: str, mode: int, full: str) -> None:
         """mkdir, where EEXIST is fine: another start on the same image made it between our lookup and now (what
         stands there is checked by the lookup that follows: a dangling link or a file fails it)."""
         try:
             os.mkdir(name, mode, dir_fd=dirfd)
+            self._chown(dirfd, name)
         except FileExistsError:
             return
         except OSError as exc:
@@ -139,11 +199,13 @@ class RootFS:
             os.close(pfd)
 
     def _create(self, pfd: int, name: str, mode: int, full: str) -> int:
+        self.check_own(pfd, full)
         try:
             wfd = _native.openat2(
                 pfd, name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, mode, RESOLVE
             )
             os.close(wfd)
+            self._chown(pfd, name)
         except FileExistsError:
             pass  # another start on the same image made it since our lookup: checked as a regular file below
         except OSError as exc:
@@ -161,9 +223,11 @@ class RootFS:
         parent, name = _split(path)
         pfd = self.mkdirs(parent)
         try:
+            self.check_own(pfd, path)
             try:  # a file created here cannot be a FIFO or a device node
                 fd = _native.openat2(pfd, name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                                      mode, RESOLVE | _native.RESOLVE_NO_SYMLINKS)
+                self._chown(pfd, name)
             except FileExistsError:
                 fd = _open_regular(pfd, name, os.O_WRONLY | os.O_TRUNC, os.O_NOFOLLOW,
                                    RESOLVE | _native.RESOLVE_NO_SYMLINKS, f"cannot write {shown(path)} in container")
@@ -216,9 +280,12 @@ class RootFS:
                     return False
                 if os.readlink(name, dir_fd=pfd) == target:
                     return True
+            self.check_own(pfd, link)
+            if st is not None:
                 os.unlink(name, dir_fd=pfd)
             try:
                 os.symlink(target, name, dir_fd=pfd)
+                self._chown(pfd, name)
             except FileExistsError:  # another start on the same image made it: fine if it is this very link
                 st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
                 if not stat.S_ISLNK(st.st_mode) or os.readlink(name, dir_fd=pfd) != target:
@@ -245,9 +312,12 @@ class RootFS:
                     return
                 if stat.S_ISDIR(st.st_mode):
                     raise InjectionError(f"cannot create device {shown(path)} in container: a directory stands there")
+            self.check_own(pfd, path)
+            if st is not None:
                 os.unlink(name, dir_fd=pfd)
             try:
                 _native.mknodat(pfd, name, fmt | (mode & 0o7777), major, minor)
+                self._chown(pfd, name)
             except FileExistsError:  # another start on the same image made it: fine if it is this very node
                 st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
                 if stat.S_IFMT(st.st_mode) != fmt or st.st_rdev != os.makedev(major, minor):
