@@ -275,3 +275,38 @@ def test_no_writes_into_a_host_volume_through_an_image_link(doors: Doors, tmp_pa
         assert made == {}, f"the hook wrote into the host volume: {sorted(made)[:10]}"
     else:  # what runc made (empty mount targets) may be there; nothing of gpuhook's: no link, no conf, no cache
         assert not [k for k, v in made.items() if v.startswith("-> ") or not k.startswith("lib/")], sorted(made)[:10]
+
+
+# --- 8: gated devices honour the unprivileged policy -------------------------------------------------------
+
+GATED_ENV = ["NVIDIA_GDS=enabled", "NVIDIA_MOFED=enabled", "NVIDIA_NVSWITCH=enabled", "NVIDIA_GDRCOPY=enabled"]
+GATED_PROBE = ("ls /dev | grep -E '^(nvidia-fs|nvidia-nvswitch|gdrdrv|infiniband)' | sort | tr '\\n' ' '; "
+               "for f in /etc/cufile.json /run/udev; do [ -e $f ] && printf '%s ' $f; done; true")
+
+
+@pytest.mark.parametrize("door", ["hook", "shim"])
+@pytest.mark.parametrize("via", ["volume-mount", "cdi-annotation"])
+@pytest.mark.parametrize("accept", [False, True], ids=["policy-false", "control-policy-true"])
+def test_gated_devices_follow_the_unprivileged_policy(fake_driver_datacenter: FakeDriver, tmp_path: Path,
+                                                      door: str, via: str, accept: bool) -> None:
+    """accept-envvar-unprivileged = false, the GPU given by the device plugin's volume mount or a CDI
+    annotation (which an image cannot set): an unprivileged image's own NVIDIA_GDS/MOFED/NVSWITCH/GDRCOPY=enabled
+    added every host nvidia-fs, InfiniBand, NVSwitch and gdrdrv node plus /run/udev and /etc/cufile.json
+    (NVIDIA's gated.go does too). They are ignored now, with a note in the log line; the control (policy true)
+    still gets them. The CDI door never reads these variables (gated families are CDI devices of their own, named
+    by the runtime's request), so there is nothing an image could widen there."""
+    hostile.need_hook_e2e("gcc")
+    doors = Doors(fake_driver_datacenter.root, lambda: None, tmp_path.parent / "probe")
+    mounts = [("/dev/null", "/var/run/nvidia-container-devices/0", "ro")] if via == "volume-mount" else []
+    annotations = {"cdi.k8s.io/gpuhook_test": "nvidia.com/gpu=0"} if via == "cdi-annotation" else None
+    run = doors.start(door, tmp_path, env=GATED_ENV, gpu=False, args=["sh", "-c", GATED_PROBE], volumes=mounts,
+                      annotations=annotations, config={"accept_envvar_unprivileged": accept,
+                                                       "accept_volume_mounts": True})
+    assert run.rc == 0, run.stderr[-2000:]
+    assert len(run.log) == 1 and " inject devices=" in run.log[0], run.log
+    if accept:
+        assert "nvidia-fs0" in run.stdout and "gdrdrv" in run.stdout and "/run/udev" in run.stdout, run.stdout
+        return
+    assert run.stdout.strip() == "", f"an unprivileged image widened its device set: {run.stdout}"
+    assert "NVIDIA_GDS,NVIDIA_MOFED,NVIDIA_NVSWITCH,NVIDIA_GDRCOPY ignored" in run.log[0] or \
+        "ignored: unprivileged container" in run.log[0], run.log
