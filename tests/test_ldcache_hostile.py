@@ -235,6 +235,79 @@ def test_ldconfig_must_be_static(tmp_path: Path) -> None:
         os.close(fd)
 
 
+PROBE_LDCONFIG = r"""
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+int main(void)
+{
+    char out[8192];
+    int n = snprintf(out, sizeof out, "fds=");
+    for (int fd = 0; fd < 4096; fd++)
+        if (fcntl(fd, F_GETFD) >= 0)
+            n += snprintf(out + n, sizeof out - n, "%d,", fd);
+    long r = syscall(SYS_getppid);  /* always allowed without a filter */
+    n += snprintf(out + n, sizeof out - n, " getppid=%s", r < 0 && errno == EPERM ? "EPERM" : "ok");
+    r = syscall(SYS_setuid, 0);
+    n += snprintf(out + n, sizeof out - n, " setuid=%s\n", r < 0 && errno == EPERM ? "EPERM" : "ok");
+    (void)!write(1, out, n);
+    return 1;
+}
+"""
+
+
+def test_ldconfig_runs_confined(tmp_path: Path) -> None:
+    """Issue 22, item 7: the host's ldconfig inherits no descriptor but stdin/stdout/stderr (not runc's
+    exec.fifo, not the mount sources), and system calls outside its allow-list fail (EPERM). A static program
+    in ldconfig's place reports what it got."""
+    need_root()
+    need_tool("gcc")
+    src = tmp_path / "probe.c"
+    src.write_text(PROBE_LDCONFIG)
+    probe = tmp_path / "probe"
+    if subprocess.run(["gcc", "-static", "-O1", "-o", str(probe), str(src)], capture_output=True).returncode:
+        pytest.skip("no static libc to build the probe with")
+    leak = os.open("/dev/null", os.O_RDONLY)  # inheritable, as the runtime's descriptors are
+    os.set_inheritable(leak, True)
+    fd = ldcache.open_ldconfig(str(probe))
+    try:
+        with RootFS(str(small_rootfs(tmp_path))) as root, pytest.raises(InjectionError) as failed:
+            ldcache.update_ldcache(root, [], fd)
+    finally:
+        os.close(fd)
+        os.close(leak)
+    assert str(failed.value).endswith("fds=0,1,2, getppid=EPERM setuid=EPERM"), failed.value
+
+
+def test_ldconfig_keeps_only_the_capabilities_it_needs() -> None:
+    """The confinement's first steps, seen in /proc before the filter (which then refuses what is not listed)."""
+    need_root()
+
+    def child() -> None:
+        ldcache._confine()
+        try:
+            os.getpgid(0)  # not on ldconfig's list
+        except PermissionError:
+            pass
+        else:
+            raise AssertionError("getpgid was allowed")
+
+    def check() -> None:
+        _native.keep_capabilities(ldcache.LDCONFIG_CAPABILITIES)
+        _native.no_new_privs()
+        status = dict(line.split(":\t", 1) for line in Path("/proc/self/status").read_text().splitlines()
+                      if ":\t" in line)
+        want = f"{ldcache.LDCONFIG_CAPABILITIES:016x}"
+        got = (status["CapEff"].strip(), status["CapPrm"].strip(), status["CapBnd"].strip(), status["CapInh"].strip(),
+               status["NoNewPrivs"].strip())
+        assert got == (want, want, want, "0" * 16, "1"), got
+
+    run_in_child(check)
+    run_in_child(child)
+
+
 # --- real starts ------------------------------------------------------------------------------------------
 
 HOOK_TIMEOUT = 60

@@ -253,6 +253,30 @@ def _hide_procfs(rootfs: RootFS, top: str, mounts: list[tuple[str, str]]) -> Non
             hidden.append(rel)
 
 
+# What ldconfig keeps of root's powers: reading and writing the image's files whoever owns them (an image owned by
+# a user namespace's root, 0755 folders) - CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER - and nothing else
+# (no CAP_SYS_ADMIN, CAP_SYS_CHROOT, CAP_MKNOD, CAP_SYS_PTRACE, CAP_SETUID, ...).
+LDCONFIG_CAPABILITIES = (1 << 1) | (1 << 2) | (1 << 3)
+
+
+def _keep_only_stdio(ldconfig_fd: int) -> int:
+    """Close every descriptor but 0-2 and ldconfig's own (moved to 3, close-on-exec: ldconfig does not even
+    inherit it): the hook inherits the runtime's (runc's exec.fifo), the injection child the mount sources."""
+    if ldconfig_fd != 3:
+        os.dup2(ldconfig_fd, 3, inheritable=False)
+    os.closerange(4, os.sysconf("SC_OPEN_MAX") if os.sysconf("SC_OPEN_MAX") > 0 else 1 << 20)
+    return 3
+
+
+def _confine() -> None:
+    """As libnvidia-container confines its ldconfig: the capabilities it needs only, no_new_privs, and a seccomp
+    allow-list (gpuhook_native confine.c), so a memory bug in glibc's parsers of the image's ELF files and
+    configuration cannot become a host escape."""
+    _native.keep_capabilities(LDCONFIG_CAPABILITIES)
+    _native.no_new_privs()
+    _native.seccomp_ldconfig()
+
+
 def _child(rootfs: RootFS, ldconfig_fd: int, argv: list[str], err_w: int) -> None:
     """Runs in the forked child: never returns."""
     try:
@@ -263,6 +287,8 @@ def _child(rootfs: RootFS, ldconfig_fd: int, argv: list[str], err_w: int) -> Non
         _remount_nodev(top, [point for point, _ in mounts])
         rootfs = RootFS(rootfs.path)  # a descriptor opened before unshare() is in the old namespace: mount() EINVAL
         _hide_procfs(rootfs, top, mounts)
+        null = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)  # the host's, opened before leaving it
+        os.dup2(null, 0)
         os.dup2(err_w, 1)
         os.dup2(err_w, 2)
         # Enter the container's root before ldconfig runs at all: through the descriptor (the path is not
@@ -271,8 +297,10 @@ def _child(rootfs: RootFS, ldconfig_fd: int, argv: list[str], err_w: int) -> Non
         os.fchdir(rootfs.fd)
         os.chroot(".")
         os.chdir("/")
+        exe = _keep_only_stdio(ldconfig_fd)
+        _confine()
         signal.alarm(LDCONFIG_TIMEOUT_S)  # survives execve; SIGALRM's default action ends ldconfig
-        os.execve(ldconfig_fd, argv, {})
+        os.execve(exe, argv, {})
     except BaseException as exc:  # noqa: BLE001 - report whatever stopped us, then die
         try:
             os.write(err_w, f"cannot run ldconfig: {exc}".encode())
