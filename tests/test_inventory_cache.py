@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 from collections.abc import Callable
@@ -161,3 +162,105 @@ def test_a_fifo_at_the_cache_path_does_not_block(fake_driver: Any, tmp_path: Pat
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 0 and result.stdout.strip() == "2", result.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["inventory.json"]
+
+
+# --- issue 22, item 3: only a cache root alone could have written is used ------------------------------------
+
+FORGED_HOST_FILE = "/etc/shadow"
+
+
+def forge(good: Inventory) -> dict[str, Any]:
+    """The genuine cache with one more "config" file: the host's /etc/shadow, which a start would bind."""
+    data = good.to_dict()
+    data["files"].append({"kind": "config", "capability": "utility", "path": "/etc/forged",
+                          "host_path": FORGED_HOST_FILE})
+    return data
+
+
+def _pty_link(path: Path) -> None:
+    master, slave = os.openpty()
+    path.symlink_to(os.ttyname(slave))  # kept open until the test ends: the pty must exist
+    _PTYS.extend([master, slave])
+
+
+_PTYS: list[int] = []
+HOSTILE_CACHES: dict[str, Callable[[Path, dict[str, Any]], None]] = {
+    "group-writable": lambda p, d: (p.write_text(json.dumps(d)), p.chmod(0o664)),
+    "world-writable": lambda p, d: (p.write_text(json.dumps(d)), p.chmod(0o646)),
+    "not-root-owned": lambda p, d: (p.write_text(json.dumps(d)), os.chown(p, 65534, 65534)),
+    "link-to-a-cache": lambda p, d: ((p.parent / "real.json").write_text(json.dumps(d)),
+                                     p.symlink_to(p.parent / "real.json")),
+    "link-to-a-pty": lambda p, d: _pty_link(p),
+    "sparse-1gib": lambda p, d: (p.write_text(json.dumps(d)), os.truncate(p, 1 << 30)),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(HOSTILE_CACHES))
+def test_an_untrusted_cache_is_ignored_with_one_note(fake_driver: Any, tmp_path: Path, kind: str) -> None:
+    """A forged cache with the right fingerprint is used only when root alone could have written it; else it
+    costs one note and a rediscovery, in bounded time and memory (a pty at the path hung the start, a 1 GiB
+    sparse file cost 3.1 GiB). A regular file is replaced by the rediscovered cache (root's, 0644); a link is
+    left as it is (nothing is written through it, nor over it)."""
+    if os.geteuid() != 0:
+        pytest.skip("ownership checks need root")
+    good = cache.inventory(roots(fake_driver), str(tmp_path / "good.json"))
+    path = tmp_path / "inventory.json"
+    HOSTILE_CACHES[kind](path, forge(good))
+    before = path.lstat()
+    try:
+        notes: list[str] = []
+        inv = cache.inventory(roots(fake_driver), str(path), notes)
+    finally:
+        while _PTYS:
+            os.close(_PTYS.pop())
+    assert FORGED_HOST_FILE not in {f.host_path for f in inv.files}
+    whole(inv)
+    assert notes and all("ignored" in n for n in notes), notes
+    after = path.lstat()
+    if kind.startswith("link"):
+        assert len(notes) == 2 and "not written" in notes[1], notes
+        assert (after.st_ino, after.st_mode) == (before.st_ino, before.st_mode)
+    else:
+        assert len(notes) == 1, notes
+        assert (after.st_uid, stat.S_IMODE(after.st_mode), after.st_size < 1 << 20) == (0, 0o644, True)
+        assert cache.load_fresh(str(path), roots(fake_driver)) is not None
+
+
+@pytest.mark.parametrize("kind", ["folder-is-a-link", "folder-world-writable", "folder-not-root-owned"])
+def test_a_cache_in_an_untrusted_folder_is_neither_read_nor_written(fake_driver: Any, tmp_path: Path,
+                                                                     kind: str) -> None:
+    """A link in place of the cache folder made root create inventory.json anywhere; a folder others can write
+    lets them replace the cache. Neither is read nor written."""
+    if os.geteuid() != 0:
+        pytest.skip("ownership checks need root")
+    good = cache.inventory(roots(fake_driver), str(tmp_path / "good.json"))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    folder = tmp_path / "cache"
+    if kind == "folder-is-a-link":
+        folder.symlink_to(elsewhere)
+        os.lchown(folder, 65534, 65534)
+    else:
+        folder.mkdir()
+        if kind == "folder-world-writable":
+            folder.chmod(0o777)
+        else:
+            os.chown(folder, 65534, 65534)
+    target = elsewhere if kind == "folder-is-a-link" else folder
+    (target / "inventory.json").write_text(json.dumps(forge(good)))
+    before = (target / "inventory.json").read_text()
+    notes: list[str] = []
+    inv = cache.inventory(roots(fake_driver), str(folder / "inventory.json"), notes)
+    assert FORGED_HOST_FILE not in {f.host_path for f in inv.files}
+    assert (target / "inventory.json").read_text() == before, "the cache was written through the folder"
+    assert sorted(p.name for p in target.iterdir()) == ["inventory.json"]
+    assert notes and all("ignored" in n for n in notes), notes
+
+
+def test_a_trusted_cache_is_used_and_a_missing_folder_made(fake_driver: Any, tmp_path: Path) -> None:
+    """The control: a root-owned 0644 cache in a root-owned folder is used; missing folders are created."""
+    path = tmp_path / "a/b/inventory.json"
+    notes: list[str] = []
+    first = cache.inventory(roots(fake_driver), str(path), notes)
+    assert path.is_file() and notes == []
+    assert cache.load_fresh(str(path), roots(fake_driver), notes) == first and notes == []

@@ -165,6 +165,51 @@ def test_update_ldcache_hides_every_procfs_in_the_rootfs(tmp_path: Path) -> None
         "ldconfig reached the host directory through the procfs (links written, cache entries, opens)"
 
 
+def hard_link_flood(rootfs: Path, count: int) -> None:
+    """`count` hard links in /etc/ld.so.conf.d to one 64 KiB file of distinct folders (issue 22, item 4: 30,000
+    of them took 1.9 GiB and 5.5 s of the hook), plus an include loop in /etc/ld.so.conf."""
+    confd = rootfs / "etc/ld.so.conf.d"
+    confd.mkdir(parents=True, exist_ok=True)
+    one = rootfs / "etc/flood.conf"
+    one.write_text("".join(f"/opt/flood/{i:06d}\n" for i in range(1 << 16 >> 4)))
+    for i in range(count):
+        os.link(one, confd / f"flood-{i:05d}.conf")
+    (rootfs / "etc/ld.so.conf").write_text("include /etc/ld.so.conf\ninclude /etc/ld.so.conf.d/*.conf\n")
+
+
+def test_ld_so_conf_reading_is_bounded(tmp_path: Path) -> None:
+    """configured_folders reads at most MAX_CONF_FILES files and MAX_CONF_TOTAL bytes, in constant memory,
+    whatever the image holds; an include loop ends at MAX_INCLUDE_DEPTH."""
+    import time
+    import tracemalloc
+
+    rootfs = small_rootfs(tmp_path)
+    hard_link_flood(rootfs, 30_000)
+    tracemalloc.start()
+    began = time.monotonic()
+    with RootFS(str(rootfs)) as root:
+        found = ldcache.configured_folders(root)
+    took = time.monotonic() - began
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert len(found) <= ldcache.MAX_FOLDERS + len(ldcache.TRUSTED_DIRS)
+    assert "/opt/flood/000000" in found
+    assert peak < 8 << 20, f"{peak} bytes at the peak"
+    assert took < 2.0, f"{took:.1f}s"
+
+
+def test_ld_so_conf_includes_are_followed(tmp_path: Path) -> None:
+    """`include` lines (relative to the including file, a glob in the last component) are read, nested."""
+    rootfs = small_rootfs(tmp_path)
+    (rootfs / "etc/ld.so.conf").write_text("include conf.a/*.conf\n/top\n")
+    (rootfs / "etc/conf.a").mkdir()
+    (rootfs / "etc/conf.a/1.conf").write_text("/one\ninclude /etc/conf.b/two.conf\n")
+    (rootfs / "etc/conf.b").mkdir()
+    (rootfs / "etc/conf.b/two.conf").write_text("/two # a comment\n")
+    with RootFS(str(rootfs)) as root:
+        assert {"/top", "/one", "/two"} <= ldcache.configured_folders(root)
+
+
 def test_ldconfig_must_be_static(tmp_path: Path) -> None:
     """Exec'd inside the container's root, a dynamic ldconfig would load the image's ld.so and libc, and a
     script the image's interpreter: both are refused before anything happens; the host's static one is fine."""
@@ -188,6 +233,79 @@ def test_ldconfig_must_be_static(tmp_path: Path) -> None:
             ldcache.update_ldcache(root, [], fd)
     finally:
         os.close(fd)
+
+
+PROBE_LDCONFIG = r"""
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+int main(void)
+{
+    char out[8192];
+    int n = snprintf(out, sizeof out, "fds=");
+    for (int fd = 0; fd < 4096; fd++)
+        if (fcntl(fd, F_GETFD) >= 0)
+            n += snprintf(out + n, sizeof out - n, "%d,", fd);
+    long r = syscall(SYS_getppid);  /* always allowed without a filter */
+    n += snprintf(out + n, sizeof out - n, " getppid=%s", r < 0 && errno == EPERM ? "EPERM" : "ok");
+    r = syscall(SYS_setuid, 0);
+    n += snprintf(out + n, sizeof out - n, " setuid=%s\n", r < 0 && errno == EPERM ? "EPERM" : "ok");
+    (void)!write(1, out, n);
+    return 1;
+}
+"""
+
+
+def test_ldconfig_runs_confined(tmp_path: Path) -> None:
+    """Issue 22, item 7: the host's ldconfig inherits no descriptor but stdin/stdout/stderr (not runc's
+    exec.fifo, not the mount sources), and system calls outside its allow-list fail (EPERM). A static program
+    in ldconfig's place reports what it got."""
+    need_root()
+    need_tool("gcc")
+    src = tmp_path / "probe.c"
+    src.write_text(PROBE_LDCONFIG)
+    probe = tmp_path / "probe"
+    if subprocess.run(["gcc", "-static", "-O1", "-o", str(probe), str(src)], capture_output=True).returncode:
+        pytest.skip("no static libc to build the probe with")
+    leak = os.open("/dev/null", os.O_RDONLY)  # inheritable, as the runtime's descriptors are
+    os.set_inheritable(leak, True)
+    fd = ldcache.open_ldconfig(str(probe))
+    try:
+        with RootFS(str(small_rootfs(tmp_path))) as root, pytest.raises(InjectionError) as failed:
+            ldcache.update_ldcache(root, [], fd)
+    finally:
+        os.close(fd)
+        os.close(leak)
+    assert str(failed.value).endswith("fds=0,1,2, getppid=EPERM setuid=EPERM"), failed.value
+
+
+def test_ldconfig_keeps_only_the_capabilities_it_needs() -> None:
+    """The confinement's first steps, seen in /proc before the filter (which then refuses what is not listed)."""
+    need_root()
+
+    def child() -> None:
+        ldcache._confine()
+        try:
+            os.getpgid(0)  # not on ldconfig's list
+        except PermissionError:
+            pass
+        else:
+            raise AssertionError("getpgid was allowed")
+
+    def check() -> None:
+        _native.keep_capabilities(ldcache.LDCONFIG_CAPABILITIES)
+        _native.no_new_privs()
+        status = dict(line.split(":\t", 1) for line in Path("/proc/self/status").read_text().splitlines()
+                      if ":\t" in line)
+        want = f"{ldcache.LDCONFIG_CAPABILITIES:016x}"
+        got = (status["CapEff"].strip(), status["CapPrm"].strip(), status["CapBnd"].strip(), status["CapInh"].strip(),
+               status["NoNewPrivs"].strip())
+        assert got == (want, want, want, "0" * 16, "1"), got
+
+    run_in_child(check)
+    run_in_child(child)
 
 
 # --- real starts ------------------------------------------------------------------------------------------

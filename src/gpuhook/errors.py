@@ -21,6 +21,31 @@ def clip(value: object, limit: int = CLIP_LIMIT, quote: bool = True) -> str:
     return f"{text[:limit]}… ({size})"
 
 
+MESSAGE_LIMIT = 2000  # characters of one door's error line, whatever it holds
+
+
+def one_line(text: str, limit: int = MESSAGE_LIMIT) -> str:
+    """`text` as one bounded line: control characters escaped (a message that failed to clip an image string
+    still cannot forge a log line), cut at `limit`. Text that clip() already rendered passes through unchanged,
+    so an image string is escaped once."""
+    return clip(text, limit, quote=False)
+
+
+def render(exc: BaseException) -> str:
+    """The one line every door (hook, cdi-hook, shim, the click CLI) prints for a failure that ends it.
+
+    GpuhookError carries its own line. An OSError that escaped the layers below (a read-only or immutable
+    image, ENOSPC) is its strerror and file names, each clipped, never a traceback; anything else is an
+    internal error with its type."""
+    if isinstance(exc, GpuhookError):
+        return one_line(str(exc))
+    if isinstance(exc, OSError):
+        names = [clip(n) for n in (exc.filename, exc.filename2) if n is not None]
+        what = exc.strerror or type(exc).__name__
+        return one_line(f"{what}: {' -> '.join(names)}" if names else f"{what} ({clip(str(exc), quote=False)})")
+    return one_line(f"internal error: {type(exc).__name__}: {clip(str(exc), quote=False)}")
+
+
 class GpuhookError(Exception):
     """Base of every failure the user can fix (bad input, missing driver, refused request)."""
 

@@ -16,7 +16,8 @@ __all__ = [
     "LdCacheEntry", "ElfInfo", "BpfProgInfo",
     "parse_ldcache", "read_ldcache", "is_64bit_x86_64", "is_32bit_i386", "flags_label",
     "elf_info", "elf_info_bytes",
-    "setns", "unshare", "die_with_parent", "mount", "umount2", "openat2", "mknodat", "open_tree", "move_mount",
+    "setns", "unshare", "die_with_parent", "no_new_privs", "keep_capabilities", "seccomp_ldconfig",
+    "mount", "umount2", "openat2", "mknodat", "open_tree", "move_mount",
     "bpf_prog_query", "bpf_prog_query_flags", "bpf_prog_get_fd_by_id", "bpf_prog_info",
     "bpf_prog_xlated_insns", "bpf_prog_load", "bpf_prog_attach", "bpf_prog_detach",
 ]  # fmt: skip
@@ -242,6 +243,26 @@ def die_with_parent(parent_pid: int, sig: int = 9) -> None:
     _check(lib.gh_set_pdeathsig(sig))
     if os.getppid() != parent_pid:  # the parent died before the prctl took effect
         os._exit(1)
+
+
+def no_new_privs() -> None:
+    """prctl(PR_SET_NO_NEW_PRIVS): nothing exec'd from here on gains privileges (setuid bits, file caps)."""
+    _check(lib.gh_no_new_privs())
+
+
+def keep_capabilities(keep: int) -> None:
+    """Drop every capability whose bit is not set in `keep`, from every set, the bounding set included (so an
+    exec as root does not get them back)."""
+    _check(lib.gh_keep_capabilities(keep))
+
+
+def seccomp_ldconfig() -> bool:
+    """Install the ldconfig system call allow-list (confine.c); False on an architecture it has none for."""
+    if lib.gh_seccomp_ldconfig() == 0:
+        return True
+    if ffi.errno == errno.ENOSYS:
+        return False
+    raise _oserror()
 
 
 def unshare(flags: int) -> None:

@@ -17,7 +17,7 @@ from cffi import FFI
 
 HERE = Path(__file__).resolve().parent
 HEADER = "gpuhook_native.h"
-SOURCE = "gpuhook_native.c"
+SOURCES = ("gpuhook_native.c", "confine.c")
 MODULE = "gpuhook._native._gpuhook_native"
 
 # Values taken from the system headers at build time (cffi fills in each `...`).
@@ -87,7 +87,7 @@ def make_builder(absolute: bool) -> FFI:
     builder.set_source(
         MODULE,
         PREAMBLE,
-        sources=[os.path.join(here, SOURCE)],
+        sources=[os.path.join(here, name) for name in SOURCES],
         include_dirs=[here],
         extra_compile_args=["-std=gnu11", "-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"],
     )

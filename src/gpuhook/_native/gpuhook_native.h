@@ -2,7 +2,8 @@
  * gpuhook native helper: what Python lacks or does slowly.
  *   - glibc ld.so.cache and ELF (DT_SONAME) reading, with strict bounds checks (input is untrusted);
  *   - thin syscall wrappers (setns, unshare, mount, umount2, openat2, mknodat);
- *   - the bpf(2) calls needed to widen a cgroup v2 device filter.
+ *   - the bpf(2) calls needed to widen a cgroup v2 device filter;
+ *   - confining ldconfig (confine.c): capabilities, no_new_privs, a seccomp allow-list.
  * Plain C, no Python objects. Calls return -1 with errno set for syscall failures; the parsers return 1
  * with a message in `err` for malformed input. The block between the CDEF markers is fed verbatim to
  * cffi's cdef by _build.py, so it must stay free of preprocessor directives.
@@ -65,6 +66,15 @@ int gh_bpf_prog_load(uint32_t prog_type, const uint8_t *insns, size_t insns_len,
                      const char *name, uint32_t log_level, char *log, uint32_t log_size);
 int gh_bpf_prog_attach(int target_fd, int prog_fd, uint32_t attach_type, uint32_t flags, int replace_fd);
 int gh_bpf_prog_detach(int target_fd, int prog_fd, uint32_t attach_type);
+
+/* confine.c: for the host's ldconfig, after chroot and before execve. */
+int gh_no_new_privs(void);
+/* Drop every capability not in `keep` (bit N = capability N) from the bounding, ambient, effective, permitted and
+ * inheritable sets. */
+int gh_keep_capabilities(uint64_t keep);
+/* Install the ldconfig allow-list (other calls: EPERM; another arch or x32: killed); needs no_new_privs.
+ * -1/ENOSYS on an architecture it has no list for. */
+int gh_seccomp_ldconfig(void);
 /* CDEF END */
 
 #endif

@@ -15,7 +15,7 @@ import click
 from gpuhook.cli.inventory import load_inventory
 from gpuhook.cli.options import CACHE_OPTION as CACHE_OPTION_SPEC
 from gpuhook.cli.options import ROOT_OPTIONS, Option
-from gpuhook.errors import GpuhookError
+from gpuhook.errors import render
 
 
 def click_option(opt: Option) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -147,10 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     except click.exceptions.Abort:
         click.echo("gpuhook: aborted", err=True)
         return 1
-    except GpuhookError as exc:
-        click.echo(f"gpuhook: {exc}", err=True)
-        return 1
     except BrokenPipeError:
+        return 1
+    except Exception as exc:  # noqa: BLE001 - GpuhookError, a stray OSError or a bug: one line, never a traceback
+        click.echo(f"gpuhook: {render(exc)}", err=True)
         return 1
     return rc if isinstance(rc, int) else 0
 

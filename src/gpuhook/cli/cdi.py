@@ -134,10 +134,11 @@ _DRIVER_VERSION_OPTION = click.option(
 
 def _run(links: list[tuple[str, str]], folders: list[str], ldconfig_path: str, host_driver_version: str = "",
          present: list[tuple[str, str]] | None = None) -> None:
-    from gpuhook.inject.containerhooks import container_rootfs, update_container
+    from gpuhook.inject.containerhooks import container_owner, container_rootfs, update_container
 
-    update_container(container_rootfs(sys.stdin.buffer.read()), links, folders, ldconfig_path, host_driver_version,
-                     present or [])
+    state = sys.stdin.buffer.read()
+    update_container(container_rootfs(state), links, folders, ldconfig_path, host_driver_version, present or [],
+                     container_owner(state))
 
 
 @cdi_hook.command("update-container")

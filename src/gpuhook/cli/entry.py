@@ -98,22 +98,27 @@ def cdi_hook(args: Sequence[str]) -> int:
         from gpuhook.cli.app import main as cli_main
 
         return cli_main(["cdi-hook", *args])
-    from gpuhook.inject.containerhooks import container_rootfs, update_container
+    from gpuhook.inject.containerhooks import container_owner, container_rootfs, update_container
 
-    return run_lean(lambda: update_container(container_rootfs(sys.stdin.buffer.read()), *parsed))
+    def work() -> None:
+        state = sys.stdin.buffer.read()
+        update_container(container_rootfs(state), *parsed, owner=container_owner(state))
+
+    return run_lean(work)
 
 
 def run_lean(work: Callable[[], object]) -> int:
-    """Run a command's work without click, ending as the click application does (cli/app.main): an expected
-    failure (GpuhookError) is one `gpuhook: ` line on stderr and exit 1, a closed pipe exit 1."""
-    from gpuhook.errors import GpuhookError
-
+    """Run a command's work without click, ending as the click application does (cli/app.main): any failure
+    (GpuhookError, an OSError the layers below let through, a bug) is one `gpuhook: ` line on stderr
+    (errors.render) and exit 1, a closed pipe exit 1; never a traceback."""
     try:
         work()
-    except GpuhookError as exc:
-        print(f"gpuhook: {exc}", file=sys.stderr)
-        return 1
     except BrokenPipeError:
+        return 1
+    except Exception as exc:  # noqa: BLE001 - a runtime shows our stderr: one line, whatever happened
+        from gpuhook.errors import render
+
+        print(f"gpuhook: {render(exc)}", file=sys.stderr)
         return 1
     return 0
 

@@ -46,9 +46,15 @@ def load_inventory(driver_root: str | None, dev_root: str | None, proc_root: str
     roots = resolve_roots(driver_root, dev_root, proc_root)
     path = _cache_path(inventory_cache, roots) if discovery == "auto" else ""
     if path:
+        import sys
+
         from gpuhook.discover.cache import inventory
 
-        return inventory(roots, path)  # the scan (discover/scan.py) loads only when the cache is stale
+        notes: list[str] = []
+        inv = inventory(roots, path, notes)  # the scan (discover/scan.py) loads only when the cache is stale
+        for note in notes:
+            print(f"gpuhook: {note}", file=sys.stderr)
+        return inv
     from gpuhook.discover.scan import discover
 
     return discover(roots, method=discovery)

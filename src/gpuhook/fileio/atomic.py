@@ -172,6 +172,24 @@ def write_atomic(path: str, data: bytes, mode: int = 0o644) -> bool:
     return True
 
 
+def write_regular(path: str, data: bytes, mode: int = 0o644) -> None:
+    """Write `data` to `path` atomically, only ever as a regular file: a link at `path` is not followed (and not
+    replaced), a device, FIFO, socket or directory is refused; the folder must exist. For files gpuhook keeps for
+    itself (the inventory cache), where nothing but its own regular file may stand. WriteError otherwise."""
+    target = os.path.abspath(path)
+    folder, name = os.path.split(target)
+    try:
+        st = os.lstat(target)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise WriteError(f"cannot write {target}: {_why(exc)}") from None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        kind = "a link" if stat.S_ISLNK(st.st_mode) else kind_of(st.st_mode)
+        raise WriteError(f"cannot write {target}: it is {kind}, not a regular file")
+    _replace(folder, name, data, mode)
+
+
 def _replace(folder: str, name: str, data: bytes, mode: int) -> None:
     target = os.path.join(folder, name)
     tmp = ""

@@ -20,6 +20,7 @@ class Planned(Record):
     inventory: Inventory
     selection: Selection
     edits: ContainerEdits
+    notes: tuple[str, ...] = ()  # e.g. an inventory cache that was refused: said once in the log line
 
     def summary(self) -> str:
         """The log line's middle part: which devices and capabilities, how much was injected."""
@@ -31,8 +32,9 @@ class Planned(Record):
             extra += " imex=" + ",".join(n.path.rsplit("channel", 1)[-1] for n in self.selection.imex_channels)
         if self.selection.gated:
             extra += " gated=" + ",".join(self.selection.gated)
+        notes = "".join(f" ({n})" for n in self.notes)
         return (f"devices={names} caps={caps} nodes={len(e.device_nodes)} mounts={len(e.mounts)} "
-                f"links={len(e.symlinks)}{extra}")
+                f"links={len(e.symlinks)}{extra}{notes}")
 
 
 def plan_request(config: Config, request: Request) -> Planned:
@@ -41,10 +43,12 @@ def plan_request(config: Config, request: Request) -> Planned:
     from gpuhook.discover.roots import Roots
     from gpuhook.model.selection import resolve
 
-    inv = inventory(Roots.make(config.driver_root, config.dev_root or None, config.proc_root), config.inventory_cache)
+    notes: list[str] = []
+    inv = inventory(Roots.make(config.driver_root, config.dev_root or None, config.proc_root), config.inventory_cache,
+                    notes)
     selection = resolve(inv, request)
     if request.requirements:  # model/requirements.py (its parsers) is only loaded for a container that has constraints
         from gpuhook.model import requirements as require
 
         require.check(inv, request.requirements, selection.devices)
-    return Planned(inv, selection, plan(inv, selection))
+    return Planned(inv, selection, plan(inv, selection), tuple(notes))

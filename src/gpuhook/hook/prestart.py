@@ -102,30 +102,28 @@ def _inject(config: Config, pid: int, rootfs: str, request: Request) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """One container start: exit 0, or 1 with one `gpuhook-hook: ` line on stderr and the same text in the log
+    (errors.render: every failure, OSError and bugs included, is one escaped, bounded line)."""
     start = time.monotonic()
-    from gpuhook.errors import GpuhookError
-
     config_path, _stage = _parse_args(sys.argv[1:] if argv is None else argv)
     # Docker's --gpus runs the hook with dockerd's environment and no --config: GPUHOOK_CONFIG names the file then
     from gpuhook.hook.config import CONFIG_ENV
 
     config_path = config_path or os.environ.get(CONFIG_ENV) or None
     log_file = "/var/log/gpuhook.log"
-    state_text = sys.stdin.buffer.read()
+    state_text = b""
     try:
+        state_text = sys.stdin.buffer.read()
         from gpuhook.hook.config import load_config
 
         config = load_config(config_path)
         log_file = config.log_file
         summary, code = run(state_text, config), 0
-    except (GpuhookError, OSError) as exc:
-        summary, code = f"{state_id(state_text)} error: {exc}", 1
-        print(f"gpuhook-hook: {exc}", file=sys.stderr)
     except Exception as exc:  # noqa: BLE001 - a bug still fails the start with one line, never a traceback
-        from gpuhook.errors import clip
+        from gpuhook.errors import render
 
-        what = f"internal error: {type(exc).__name__}: {clip(str(exc), quote=False)}"  # it may quote the image
-        summary, code = f"{state_id(state_text)} {what}", 1
+        what = render(exc)
+        summary, code = f"{state_id(state_text)} error: {what}", 1
         print(f"gpuhook-hook: {what}", file=sys.stderr)
     elapsed = (time.monotonic() - start) * 1000
     append_log(log_file, f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {summary} took={elapsed:.1f}ms")

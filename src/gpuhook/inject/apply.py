@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable
 
 from gpuhook import _native
-from gpuhook.errors import InjectionError
+from gpuhook.errors import InjectionError, render
 from gpuhook.inject import cudacompat, ldcache, mounts
 from gpuhook.inject.rootfs import RootFS
 from gpuhook.model.edits import ContainerEdits
@@ -112,7 +112,7 @@ def apply_in_namespace(
     With `userns_root` (a container with its own user namespace), `sources` also holds a clone of each device
     node's host node, keyed by its container path, bound instead of made with mknod."""
     os.umask(0)
-    with RootFS(rootfs_path) as root:
+    with RootFS(rootfs_path, owner=userns_root) as root:
         for node in edits.device_nodes:
             if userns_root is None:
                 root.mknod(node.path, node.mode, node.major, node.minor, node.type)
@@ -145,8 +145,7 @@ def run_in_mount_namespace(pid: int, work: Callable[[], None], proc_root: str = 
             _native.setns(ns_fd, _native.CLONE_NEWNS)
             work()
         except BaseException as exc:  # noqa: BLE001 - everything becomes one line for the parent
-            msg = str(exc) if isinstance(exc, InjectionError) else f"{type(exc).__name__}: {exc}"
-            os.write(w, msg.encode()[:4000])
+            os.write(w, render(exc).encode()[:4000])  # one escaped, bounded line, whatever failed
             code = 1
         os._exit(code)
     os.close(w)

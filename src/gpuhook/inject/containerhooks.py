@@ -36,14 +36,26 @@ def container_rootfs(state_text: bytes) -> str:
     return load_bundle(parse_state(state_text).bundle).rootfs
 
 
+def container_owner(state_text: bytes) -> tuple[int, int] | None:
+    """The host (uid, gid) of the container's root when it has its own user namespace (what gpuhook creates is
+    given to it), else None; the state's pid is the container's init process at createContainer."""
+    from gpuhook.inject.apply import user_namespace_root
+    from gpuhook.oci.bundle import parse_state
+
+    pid = parse_state(state_text).pid
+    return user_namespace_root(pid) if pid > 0 else None
+
+
 def update_container(rootfs_path: str, links: Iterable[tuple[str, str]], folders: list[str],
                      ldconfig_path: str = DEFAULT_LDCONFIG, host_driver_version: str = "",
-                     links_if_present: Iterable[tuple[str, str]] = ()) -> None:
+                     links_if_present: Iterable[tuple[str, str]] = (),
+                     owner: tuple[int, int] | None = None) -> None:
     """Create the links (an existing file or directory at a link is left alone), then, if `folders`, register
     them and rebuild the ld cache with the host's ldconfig. One rootfs descriptor for both steps.
     `links_if_present` are made only when their target, resolved beside the link inside the rootfs, exists (a
     device's /dev/dri/by-path link when the runtime gave that device's node).
-    With `host_driver_version`, an image's newer CUDA compat libcuda goes first (inject/cudacompat.py)."""
+    With `host_driver_version`, an image's newer CUDA compat libcuda goes first (inject/cudacompat.py). With
+    `owner` (container_owner), what is created belongs to the container's root."""
     from gpuhook.inject.rootfs import RootFS
 
     fd = -1
@@ -52,7 +64,7 @@ def update_container(rootfs_path: str, links: Iterable[tuple[str, str]], folders
 
         fd = open_ldconfig(ldconfig_path)
     try:
-        with RootFS(rootfs_path) as rootfs:
+        with RootFS(rootfs_path, owner=owner) as rootfs:
             for target, link in links:
                 rootfs.symlink(target, link)
             for target, link in links_if_present:

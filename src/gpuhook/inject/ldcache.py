@@ -16,16 +16,17 @@ ld.so.cache~) must be regular files.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import posixpath
-import re
 import signal
 import stat
 import struct
+from collections.abc import Iterator
 
 from gpuhook import _native
-from gpuhook.errors import InjectionError
-from gpuhook.inject.rootfs import RootFS
+from gpuhook.errors import InjectionError, clip
+from gpuhook.inject.rootfs import RootFS, mountinfo_path, shown
 
 CONF_FILE = "/etc/ld.so.conf.d/00-gpuhook.conf"
 TRUSTED_DIRS = frozenset({"/lib", "/usr/lib", "/lib64", "/usr/lib64"})
@@ -35,31 +36,96 @@ _KEPT_FLAGS = (_native.MS_RDONLY | _native.MS_NOSUID | _native.MS_NODEV | _nativ
                | _native.MS_RELATIME | 2048)  # 2048: MS_NODIRATIME
 
 
-def _read_text(rootfs: RootFS, path: str) -> str:
-    """A config file's text ("" when missing); InjectionError when something else than a file stands there."""
-    data = rootfs.read_file(path, 1 << 16)
-    return "" if data is None else data.decode(errors="replace")
+# What gpuhook reads of an image's ld.so configuration (on the host's side, at every start): bounded in files,
+# bytes and include depth, so that 30,000 hard links to one 64 KiB file cost what 256 files do. Beyond a bound
+# reading stops: the result only spares writing a folder the image already lists (a duplicate is harmless),
+# and ldconfig itself runs confined, nodev and under an alarm.
+MAX_CONF_FILES = 256
+MAX_CONF_BYTES = 1 << 16  # per file
+MAX_CONF_TOTAL = 1 << 20  # all files together
+MAX_INCLUDE_DEPTH = 4
+MAX_FOLDERS = 4096
+_GLOB = frozenset("*?[")
+
+
+class _Budget:
+    """Files and bytes left to read of the image's ld.so configuration."""
+
+    def __init__(self) -> None:
+        self.files, self.bytes = MAX_CONF_FILES, MAX_CONF_TOTAL
+        self.seen: set[str] = set()  # at most MAX_CONF_FILES paths: each file is read once
+
+    def take(self, path: str) -> int:
+        """Bytes file `path` may have (0: already read, or stop reading)."""
+        if self.files <= 0 or self.bytes <= 0 or path in self.seen:
+            return 0
+        self.files -= 1
+        self.seen.add(path)
+        return min(MAX_CONF_BYTES, self.bytes)
+
+
+def _matches(rootfs: RootFS, pattern: str, budget: _Budget) -> list[str]:
+    """Container paths an `include` pattern names: a glob in its last component only (what images use:
+    `include /etc/ld.so.conf.d/*.conf`), the folder resolved inside the rootfs; at most the budget's files."""
+    import fnmatch
+
+    folder, _, glob = pattern.rpartition("/")
+    folder = folder or "/"
+    if any(c in _GLOB for c in folder):
+        return []
+    if not any(c in _GLOB for c in glob):
+        return [posixpath.join(folder, glob)]
+    try:
+        dfd = rootfs.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except InjectionError:
+        return []
+    out: list[str] = []
+    try:
+        with os.scandir(dfd) as entries:  # streamed, never sorted: only membership matters
+            for entry in entries:
+                if len(out) >= budget.files:
+                    break
+                if fnmatch.fnmatchcase(entry.name, glob):
+                    out.append(posixpath.join(folder, entry.name))
+    except OSError as exc:
+        raise InjectionError(f"cannot list {shown(folder)} in container: {exc.strerror}") from None
+    finally:
+        os.close(dfd)
+    return out
+
+
+def _read_conf(rootfs: RootFS, path: str, depth: int, budget: _Budget, found: set[str]) -> None:
+    """Add the folders `path` lists (and, `depth` levels deep, those of the files it includes) to `found`.
+    A missing file adds nothing; something else than a regular file is refused (InjectionError)."""
+    limit = budget.take(posixpath.normpath(path))
+    if limit == 0:
+        return
+    # One rule on every door: what cannot be resolved (a link loop, a /proc/self/root link, mounted at
+    # createContainer and not at prestart) is no configuration, as ldconfig, with every procfs hidden, sees it.
+    data = rootfs.read_file(path, limit, loop_is_missing=True)
+    if data is None:
+        return
+    budget.bytes -= len(data)
+    base = posixpath.dirname(path)
+    for raw in data.decode(errors="replace").splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if line.startswith("/") and len(found) < MAX_FOLDERS:
+            found.add(posixpath.normpath(line))
+        elif line.startswith("include") and line[7:8].isspace() and depth > 0:
+            for pattern in line[8:].split():
+                for match in _matches(rootfs, posixpath.join(base, pattern), budget):
+                    _read_conf(rootfs, match, depth - 1, budget, found)
 
 
 def configured_folders(rootfs: RootFS) -> set[str]:
-    """Folders the image's ld.so.conf (one level of includes under /etc/ld.so.conf.d) already lists."""
+    """Folders the image's ld.so.conf already lists: its lines, the files its `include` lines name (up to
+    MAX_INCLUDE_DEPTH deep), and /etc/ld.so.conf.d/*.conf (where gpuhook writes its own entry) in any case;
+    read within MAX_CONF_FILES, MAX_CONF_BYTES each and MAX_CONF_TOTAL, in constant memory."""
     found = set(TRUSTED_DIRS)
-    texts = [_read_text(rootfs, "/etc/ld.so.conf")]
-    try:
-        dfd = rootfs.open("/etc/ld.so.conf.d", os.O_RDONLY | os.O_DIRECTORY)
-    except InjectionError:
-        dfd = -1
-    if dfd >= 0:
-        try:
-            names = sorted(n for n in os.listdir(dfd) if n.endswith(".conf"))
-        finally:
-            os.close(dfd)
-        texts += [_read_text(rootfs, f"/etc/ld.so.conf.d/{n}") for n in names]
-    for text in texts:
-        for line in text.splitlines():
-            line = line.split("#", 1)[0].strip()
-            if line.startswith("/"):
-                found.add(posixpath.normpath(line))
+    budget = _Budget()
+    _read_conf(rootfs, "/etc/ld.so.conf", MAX_INCLUDE_DEPTH, budget, found)
+    for match in _matches(rootfs, "/etc/ld.so.conf.d/*.conf", budget):
+        _read_conf(rootfs, match, MAX_INCLUDE_DEPTH - 1, budget, found)
     return found
 
 
@@ -118,17 +184,12 @@ def _check_cache_tmp(rootfs: RootFS) -> None:
         st = os.stat("ld.so.cache~", dir_fd=pfd, follow_symlinks=False)
     except FileNotFoundError:
         return
+    except OSError as exc:
+        raise InjectionError(f"/etc/ld.so.cache~ in container: {exc.strerror}") from None
     finally:
         os.close(pfd)
     if not stat.S_ISREG(st.st_mode):
         raise InjectionError("/etc/ld.so.cache~ in container: not a regular file")
-
-
-def _unescape(field: str) -> str:
-    """A mountinfo path field: spaces, tabs, newlines and backslashes are written as octal escapes."""
-    if "\\" not in field:  # the common case, without a regex per line
-        return field
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
 def _mounts_under(root_path: str) -> list[tuple[str, str]]:
@@ -140,19 +201,22 @@ def _mounts_under(root_path: str) -> list[tuple[str, str]]:
     with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
         for line in f:
             fields = line.split()
-            point = _unescape(fields[4])
+            point = mountinfo_path(fields[4])
             if point == root_path or point.startswith(prefix):
                 out.append((point, fields[fields.index("-") + 1]))
     return out
 
 
-def _remount_nodev(points: list[str]) -> None:
-    """In the child's private namespace, add nodev to the rootfs mount and every mount below it."""
+def _remount_nodev(top: str, points: list[str]) -> None:
+    """In the child's private namespace, add nodev to the rootfs mount (`top`) and every mount below it, and make
+    every mount below it read-only: ldconfig writes its cache and soname links, and an image folder that links
+    onto a volume (a host directory) must not receive them (only the rootfs's own mount stays writable)."""
     for point in points:
         kept = os.statvfs(point).f_flag & _KEPT_FLAGS
-        if kept & _native.MS_NODEV:  # already nodev (every driver file gpuhook binds is): nothing to change
+        wanted = kept | _native.MS_NODEV | (_native.MS_RDONLY if point != top else 0)
+        if wanted == kept:  # already so (every driver file gpuhook binds is): nothing to change
             continue
-        _native.mount(None, point, None, _native.MS_REMOUNT | _native.MS_BIND | _native.MS_NODEV | kept, None)
+        _native.mount(None, point, None, _native.MS_REMOUNT | _native.MS_BIND | wanted, None)
 
 
 def _hide(rootfs: RootFS, path: str) -> None:
@@ -189,6 +253,30 @@ def _hide_procfs(rootfs: RootFS, top: str, mounts: list[tuple[str, str]]) -> Non
             hidden.append(rel)
 
 
+# What ldconfig keeps of root's powers: reading and writing the image's files whoever owns them (an image owned by
+# a user namespace's root, 0755 folders) - CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER - and nothing else
+# (no CAP_SYS_ADMIN, CAP_SYS_CHROOT, CAP_MKNOD, CAP_SYS_PTRACE, CAP_SETUID, ...).
+LDCONFIG_CAPABILITIES = (1 << 1) | (1 << 2) | (1 << 3)
+
+
+def _keep_only_stdio(ldconfig_fd: int) -> int:
+    """Close every descriptor but 0-2 and ldconfig's own (moved to 3, close-on-exec: ldconfig does not even
+    inherit it): the hook inherits the runtime's (runc's exec.fifo), the injection child the mount sources."""
+    if ldconfig_fd != 3:
+        os.dup2(ldconfig_fd, 3, inheritable=False)
+    os.closerange(4, os.sysconf("SC_OPEN_MAX") if os.sysconf("SC_OPEN_MAX") > 0 else 1 << 20)
+    return 3
+
+
+def _confine() -> None:
+    """As libnvidia-container confines its ldconfig: the capabilities it needs only, no_new_privs, and a seccomp
+    allow-list (gpuhook_native confine.c), so a memory bug in glibc's parsers of the image's ELF files and
+    configuration cannot become a host escape."""
+    _native.keep_capabilities(LDCONFIG_CAPABILITIES)
+    _native.no_new_privs()
+    _native.seccomp_ldconfig()
+
+
 def _child(rootfs: RootFS, ldconfig_fd: int, argv: list[str], err_w: int) -> None:
     """Runs in the forked child: never returns."""
     try:
@@ -196,9 +284,11 @@ def _child(rootfs: RootFS, ldconfig_fd: int, argv: list[str], err_w: int) -> Non
         _native.mount(None, "/", None, _native.MS_REC | _native.MS_PRIVATE, None)
         top = os.readlink(f"/proc/self/fd/{rootfs.fd}")  # the rootfs's real path, as mountinfo spells it
         mounts = _mounts_under(top)
-        _remount_nodev([point for point, _ in mounts])
+        _remount_nodev(top, [point for point, _ in mounts])
         rootfs = RootFS(rootfs.path)  # a descriptor opened before unshare() is in the old namespace: mount() EINVAL
         _hide_procfs(rootfs, top, mounts)
+        null = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)  # the host's, opened before leaving it
+        os.dup2(null, 0)
         os.dup2(err_w, 1)
         os.dup2(err_w, 2)
         # Enter the container's root before ldconfig runs at all: through the descriptor (the path is not
@@ -207,13 +297,46 @@ def _child(rootfs: RootFS, ldconfig_fd: int, argv: list[str], err_w: int) -> Non
         os.fchdir(rootfs.fd)
         os.chroot(".")
         os.chdir("/")
+        exe = _keep_only_stdio(ldconfig_fd)
+        _confine()
         signal.alarm(LDCONFIG_TIMEOUT_S)  # survives execve; SIGALRM's default action ends ldconfig
-        os.execve(ldconfig_fd, argv, {})
+        os.execve(exe, argv, {})
     except BaseException as exc:  # noqa: BLE001 - report whatever stopped us, then die
         try:
             os.write(err_w, f"cannot run ldconfig: {exc}".encode())
         finally:
             os._exit(127)
+
+
+@contextlib.contextmanager
+def image_lock(rootfs: RootFS, timeout: float = LDCONFIG_TIMEOUT_S) -> Iterator[None]:
+    """Hold an exclusive flock on the image's /etc while its ld configuration and cache are rewritten.
+
+    Containers started at once from one shared image directory each run ldconfig over the same /etc: both write
+    /etc/ld.so.cache~ and rename it, and the second rename fails (ENOENT), failing a start that did nothing
+    wrong. One at a time, they all succeed. The lock lives on the image's own directory, so only starts of
+    that image wait; one holding it forever (a container's own flock) costs at most `timeout`."""
+    import fcntl
+    import time
+
+    os.close(rootfs.mkdirs("/etc"))
+    fd = rootfs.open("/etc", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise InjectionError(f"/etc in container: locked by another start for over {timeout:.0f}s") \
+                        from None
+                time.sleep(0.01)
+            except OSError as exc:
+                raise InjectionError(f"cannot lock /etc in container: {exc.strerror}") from None
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def update_ldcache(rootfs: RootFS, folders: list[str], ldconfig_fd: int) -> None:
@@ -239,9 +362,20 @@ def update_ldcache(rootfs: RootFS, folders: list[str], ldconfig_fd: int) -> None
     code = os.waitstatus_to_exitcode(status)
     if code == -signal.SIGALRM:
         raise InjectionError(f"ldconfig did not finish in {LDCONFIG_TIMEOUT_S}s in container (a FIFO in the image?)")
+    if code == 0 and rootfs.owner is not None:  # the cache ldconfig (as root) wrote goes to the container's root
+        pfd = rootfs.open("/etc")
+        try:
+            rootfs.check_own(pfd, "/etc/ld.so.cache")
+            if stat.S_ISREG(os.stat("ld.so.cache", dir_fd=pfd, follow_symlinks=False).st_mode):
+                os.chown("ld.so.cache", *rootfs.owner, dir_fd=pfd, follow_symlinks=False)
+        except OSError as exc:
+            raise InjectionError(f"cannot give /etc/ld.so.cache to the container's root: {exc.strerror}") from None
+        finally:
+            os.close(pfd)
     if code != 0:
         last = output.splitlines()[-1] if output else f"exit status {code}"
-        raise InjectionError(f"ldconfig failed in container: {last}")
+        # ldconfig names the image's files in its warnings: clipped, control characters escaped
+        raise InjectionError(f"ldconfig failed in container: {clip(last, quote=False)}")
 
 
 def host_ldconfig(path: str) -> str:

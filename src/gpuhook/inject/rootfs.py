@@ -5,6 +5,14 @@ by the kernel with openat2(RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS) from a descr
 symlink is followed as if the rootfs were `/` and can never lead out of it, and /proc magic links
 (/proc/self/root, /proc/1/root) are refused. Creation happens through *at() calls on descriptors obtained
 that way, never through a path string re-resolved later.
+
+Resolving inside the rootfs is not enough when the runtime mounted a host directory into it (a writable volume
+at /data): an image link /usr/lib/x86_64-linux-gnu -> /data/lib stays inside the rootfs and still leads onto
+the host's directory. So whatever is created, written or removed here must sit in a folder on the rootfs's own
+mount, or on the two mounts made for the container's devices (the runtime's /dev, gpuhook's tmpfs on
+/proc/driver/nvidia); anything else fails the start with one line (the check openat2 RESOLVE_NO_XDEV would do
+for the whole path, made on the folder's mount id, so the runtime's /dev can still be reached). With `owner`
+(a container with its own user namespace), what is created belongs to the container's root.
 """
 
 from __future__ import annotations
@@ -15,29 +23,92 @@ import posixpath
 import stat
 
 from gpuhook import _native
-from gpuhook.errors import InjectionError
+from gpuhook.errors import InjectionError, clip
 
 RESOLVE = _native.RESOLVE_IN_ROOT | _native.RESOLVE_NO_MAGICLINKS
 O_PATH = os.O_PATH
+
+
+def shown(path: str) -> str:
+    """A container path for a message: every name in it may come from the image (newlines, escape sequences,
+    megabytes), so it is clipped and its control characters escaped, here and only here (errors.clip)."""
+    return clip(path, quote=False)
+
+
+def _error(what: str, path: str, exc: OSError) -> InjectionError:
+    """The one line for a failed system call on `path` in the container: `what` (a verb phrase or ""), the path
+    as shown(), the reason."""
+    return InjectionError(f"{what + ' ' if what else ''}{shown(path)} in container: {exc.strerror}")
 
 
 def _split(path: str) -> tuple[str, str]:
     """(parent, name) of a normalised absolute container path."""
     norm = posixpath.normpath("/" + path.lstrip("/"))
     if norm == "/":
-        raise InjectionError(f"{path!r}: cannot operate on the container's root itself")
+        raise InjectionError(f"{clip(path)}: cannot operate on the container's root itself")
     return posixpath.split(norm)
+
+
+def mount_id(fd: int) -> int:
+    """The id of the mount `fd` lies on (/proc/self/fdinfo: statx's STX_MNT_ID without statx)."""
+    with open(f"/proc/self/fdinfo/{fd}", "rb") as f:
+        for line in f:
+            if line.startswith(b"mnt_id:"):
+                return int(line.split()[1])
+    raise InjectionError("cannot tell which mount a container folder is on (no mnt_id in fdinfo)")
+
+
+def mountinfo_path(field: str) -> str:
+    """A mountinfo path field: spaces, tabs, newlines and backslashes are written as octal escapes."""
+    if "\\" not in field:
+        return field
+    import re
+
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+DEVICE_MOUNTS = ("/dev", "/proc/driver/nvidia")  # mounts made for the container's devices, besides its own
 
 
 class RootFS:
     """A container rootfs held open by descriptor; close() (or a with-block) releases it."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, owner: tuple[int, int] | None = None) -> None:
         self.path = path
+        self.owner = owner
         try:
             self.fd = os.open(path, O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as exc:
             raise InjectionError(f"cannot open container rootfs {path}: {exc.strerror}") from None
+        self._mounts: frozenset[int] | None = None
+
+    def own_mounts(self) -> frozenset[int]:
+        """Ids of the mounts gpuhook may create on: the rootfs's, and those mounted exactly at DEVICE_MOUNTS in
+        it (read once they are needed: /proc/driver/nvidia's tmpfs is made during injection)."""
+        top = os.readlink(f"/proc/self/fd/{self.fd}").rstrip("/")
+        wanted = {top + p for p in DEVICE_MOUNTS}
+        ids = {mount_id(self.fd)}
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
+            for line in f:
+                fields = line.split(" ", 5)
+                if mountinfo_path(fields[4]) in wanted:
+                    ids.add(int(fields[0]))  # the last one mounted there wins: it is what a lookup sees
+        return frozenset(ids)
+
+    def check_own(self, pfd: int, path: str) -> None:
+        """Refuse to create, write or remove anything in folder `pfd` (where `path` goes) unless it is on one of
+        own_mounts(): an image link must not lead gpuhook onto a volume, a host directory."""
+        mnt = mount_id(pfd)
+        if self._mounts is None or mnt not in self._mounts:
+            self._mounts = self.own_mounts()
+        if mnt not in self._mounts:
+            raise InjectionError(f"{shown(path)} in container: leads out of the container's own filesystem (onto "
+                                 "a volume or another mount): refusing to create anything there")
+
+    def _chown(self, pfd: int, name: str) -> None:
+        """Give what was just created to the container's root (user namespace), never following a link."""
+        if self.owner is not None:
+            os.chown(name, *self.owner, dir_fd=pfd, follow_symlinks=False)
 
     def __enter__(self) -> RootFS:
         return self
@@ -55,7 +126,7 @@ class RootFS:
         try:
             return _native.openat2(self.fd, path.lstrip("/") or ".", flags | os.O_CLOEXEC, mode, RESOLVE)
         except OSError as exc:
-            raise InjectionError(f"{path} in container: {exc.strerror}") from None
+            raise _error("", path, exc) from None
 
     def exists(self, path: str) -> bool:
         try:
@@ -82,9 +153,14 @@ class RootFS:
                     nxt = _native.openat2(self.fd, prefix, O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, 0, RESOLVE)
                 except OSError as exc:
                     if exc.errno != errno.ENOENT:
-                        raise InjectionError(f"{norm} in container: {part!r} is {exc.strerror}") from None
+                        raise InjectionError(f"{shown(norm)} in container: {clip(part)} is {exc.strerror}") from None
+                    self.check_own(current, norm)
                     self._mkdir_at(current, part, mode, norm)
-                    nxt = _native.openat2(self.fd, prefix, O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, 0, RESOLVE)
+                    try:
+                        nxt = _native.openat2(self.fd, prefix, O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, 0, RESOLVE)
+                    except OSError as again:  # a dangling link, a file, or replaced since
+                        raise InjectionError(f"{shown(norm)} in container: {clip(part)} exists but is not a usable "
+                                             f"directory ({again.strerror})") from None
                 os.close(current)
                 current = nxt
             return current
@@ -92,15 +168,16 @@ class RootFS:
             os.close(current)
             raise
 
-    @staticmethod
-    def _mkdir_at(dirfd: int, name: str, mode: int, full: str) -> None:
+    def _mkdir_at(self, dirfd: int, name: str, mode: int, full: str) -> None:
+        """mkdir, where EEXIST is fine: another start on the same image made it between our lookup and now (what
+        stands there is checked by the lookup that follows: a dangling link or a file fails it)."""
         try:
             os.mkdir(name, mode, dir_fd=dirfd)
+            self._chown(dirfd, name)
         except FileExistsError:
-            # A dangling symlink stands there: resolve it inside the root by creating its target.
-            raise InjectionError(f"{full} in container: {name!r} exists but is not a usable directory") from None
+            return
         except OSError as exc:
-            raise InjectionError(f"cannot create {full} in container: {exc.strerror}") from None
+            raise _error("cannot create", full, exc) from None
 
     def ensure_file(self, path: str, mode: int = 0o644) -> int:
         """O_PATH descriptor of a regular file at `path` (an empty one is created if missing)."""
@@ -112,24 +189,31 @@ class RootFS:
                                      RESOLVE)
             except OSError as exc:
                 if exc.errno != errno.ENOENT:
-                    raise InjectionError(f"{path} in container: {exc.strerror}") from None
+                    raise _error("", path, exc) from None
                 fd = self._create(pfd, name, mode, path)
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 os.close(fd)
-                raise InjectionError(f"{path} in container: expected a regular file, found something else")
+                raise InjectionError(f"{shown(path)} in container: expected a regular file, found something else")
             return fd
         finally:
             os.close(pfd)
 
     def _create(self, pfd: int, name: str, mode: int, full: str) -> int:
+        self.check_own(pfd, full)
         try:
             wfd = _native.openat2(
                 pfd, name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, mode, RESOLVE
             )
+            os.close(wfd)
+            self._chown(pfd, name)
+        except FileExistsError:
+            pass  # another start on the same image made it since our lookup: checked as a regular file below
         except OSError as exc:
-            raise InjectionError(f"cannot create {full} in container: {exc.strerror}") from None
-        os.close(wfd)
-        return _native.openat2(pfd, name, O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW, 0, RESOLVE)
+            raise _error("cannot create", full, exc) from None
+        try:
+            return _native.openat2(pfd, name, O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW, 0, RESOLVE)
+        except OSError as exc:  # replaced between the create and this open
+            raise _error("cannot open", full, exc) from None
 
     def ensure_dir(self, path: str) -> int:
         return self.mkdirs(path)
@@ -139,41 +223,50 @@ class RootFS:
         parent, name = _split(path)
         pfd = self.mkdirs(parent)
         try:
+            self.check_own(pfd, path)
             try:  # a file created here cannot be a FIFO or a device node
                 fd = _native.openat2(pfd, name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                                      mode, RESOLVE | _native.RESOLVE_NO_SYMLINKS)
+                self._chown(pfd, name)
             except FileExistsError:
                 fd = _open_regular(pfd, name, os.O_WRONLY | os.O_TRUNC, os.O_NOFOLLOW,
-                                   RESOLVE | _native.RESOLVE_NO_SYMLINKS, f"cannot write {path} in container")
+                                   RESOLVE | _native.RESOLVE_NO_SYMLINKS, f"cannot write {shown(path)} in container")
             except OSError as exc:
-                raise InjectionError(f"cannot write {path} in container: {exc.strerror}") from None
+                raise _error("cannot write", path, exc) from None
             try:
-                os.write(fd, data)
+                if os.write(fd, data) != len(data):
+                    raise InjectionError(f"cannot write {shown(path)} in container: short write (disk full?)")
+            except OSError as exc:
+                raise _error("cannot write", path, exc) from None
             finally:
                 os.close(fd)
         finally:
             os.close(pfd)
 
-    def read_file(self, path: str, limit: int) -> bytes | None:
-        """Up to `limit` bytes of regular file `path` (symlinks followed inside the rootfs); None if missing.
+    def read_file(self, path: str, limit: int, loop_is_missing: bool = False) -> bytes | None:
+        """Up to `limit` bytes of regular file `path` (symlinks followed inside the rootfs); None if missing, and
+        with `loop_is_missing` also when the path cannot be resolved (ELOOP: a link loop, or a /proc magic link,
+        which dangles wherever the rootfs's procfs is not mounted or is hidden, as it is from ldconfig).
 
         Anything else standing there is refused (InjectionError) rather than opened: see _open_regular.
         """
         try:
-            fd = _open_regular(self.fd, path.lstrip("/") or ".", os.O_RDONLY, 0, RESOLVE, f"{path} in container")
+            fd = _open_regular(self.fd, path.lstrip("/") or ".", os.O_RDONLY, 0, RESOLVE, f"{shown(path)} in container",
+                               loop_is_missing)
         except _Missing:
             return None
         try:
             return os.read(fd, limit)
         except OSError as exc:
-            raise InjectionError(f"cannot read {path} in container: {exc.strerror}") from None
+            raise _error("cannot read", path, exc) from None
         finally:
             os.close(fd)
 
     def symlink(self, target: str, link: str) -> bool:
         """Create `link` -> `target`. An existing symlink is replaced; a file or directory is left alone.
 
-        Returns False when something else already stands at `link`.
+        Returns False when something else already stands at `link`. Every failure (a read-only or immutable
+        image) is one InjectionError line.
         """
         parent, name = _split(link)
         pfd = self.mkdirs(parent)
@@ -187,12 +280,20 @@ class RootFS:
                     return False
                 if os.readlink(name, dir_fd=pfd) == target:
                     return True
+            self.check_own(pfd, link)
+            if st is not None:
                 os.unlink(name, dir_fd=pfd)
             try:
                 os.symlink(target, name, dir_fd=pfd)
-            except OSError as exc:
-                raise InjectionError(f"cannot create link {link} -> {target} in container: {exc.strerror}") from None
+                self._chown(pfd, name)
+            except FileExistsError:  # another start on the same image made it: fine if it is this very link
+                st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
+                if not stat.S_ISLNK(st.st_mode) or os.readlink(name, dir_fd=pfd) != target:
+                    raise
             return True
+        except OSError as exc:
+            raise InjectionError(f"cannot create link {shown(link)} -> {shown(target)} in container: "
+                                 f"{exc.strerror}") from None
         finally:
             os.close(pfd)
 
@@ -210,12 +311,19 @@ class RootFS:
                 if stat.S_IFMT(st.st_mode) == fmt and st.st_rdev == os.makedev(major, minor):
                     return
                 if stat.S_ISDIR(st.st_mode):
-                    raise InjectionError(f"cannot create device {path} in container: a directory stands there")
+                    raise InjectionError(f"cannot create device {shown(path)} in container: a directory stands there")
+            self.check_own(pfd, path)
+            if st is not None:
                 os.unlink(name, dir_fd=pfd)
             try:
                 _native.mknodat(pfd, name, fmt | (mode & 0o7777), major, minor)
-            except OSError as exc:
-                raise InjectionError(f"cannot create device {path} in container: {exc.strerror}") from None
+                self._chown(pfd, name)
+            except FileExistsError:  # another start on the same image made it: fine if it is this very node
+                st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
+                if stat.S_IFMT(st.st_mode) != fmt or st.st_rdev != os.makedev(major, minor):
+                    raise
+        except OSError as exc:
+            raise _error("cannot create device", path, exc) from None
         finally:
             os.close(pfd)
 
@@ -224,7 +332,8 @@ class _Missing(InjectionError):
     """The path does not exist (read_file turns this into None)."""
 
 
-def _open_regular(dirfd: int, rel: str, flags: int, o_extra: int, resolve: int, what: str) -> int:
+def _open_regular(dirfd: int, rel: str, flags: int, o_extra: int, resolve: int, what: str,
+                  loop_is_missing: bool = False) -> int:
     """Open `rel` for I/O only if it is a regular file.
 
     The hook and the host's ldconfig run outside the container's device cgroup, so opening an image's device
@@ -236,6 +345,8 @@ def _open_regular(dirfd: int, rel: str, flags: int, o_extra: int, resolve: int, 
     except FileNotFoundError:
         raise _Missing(f"{what}: No such file or directory") from None
     except OSError as exc:
+        if loop_is_missing and exc.errno == errno.ELOOP:
+            raise _Missing(f"{what}: {exc.strerror}") from None
         raise InjectionError(f"{what}: {exc.strerror}") from None
     try:
         if not stat.S_ISREG(os.fstat(opath).st_mode):

@@ -386,8 +386,14 @@ def parse_request(
             raise RequestError(f"{var} requires a privileged container (CAP_SYS_ADMIN in the bounding set)")
         mig_flags.append(wanted)
     imex = imex_channel_request(env, mounts, privileged, policy, notes)
-    return Request(kind, ids, caps, reqs, mig_flags[0], mig_flags[1], source, tuple(notes), imex, gated_devices(env),
-                   foreign)
+    gated = gated_devices(env)
+    if gated and not privileged and not policy.accept_envvar_unprivileged:
+        # Beyond NVIDIA (gated.go honours these whatever the policy): the policy exists so that an image cannot
+        # widen its device set, and these add every host nvidia-fs, InfiniBand and gdrdrv node.
+        names = ",".join(GATED_DEVICE_ENV[g] for g in gated)
+        notes.append(f"{names} ignored: unprivileged container and accept-envvar-unprivileged is false")
+        gated = ()
+    return Request(kind, ids, caps, reqs, mig_flags[0], mig_flags[1], source, tuple(notes), imex, gated, foreign)
 
 
 def imex_channel_id(text: str, origin: str) -> str:

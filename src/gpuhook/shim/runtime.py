@@ -22,6 +22,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from gpuhook.errors import GpuhookError
 from gpuhook.hook.config import CONFIG_ENV
 from gpuhook.hook.log import append_log
 from gpuhook.model.record import Record
@@ -36,7 +37,7 @@ GLOBAL_VALUE_OPTIONS = frozenset({"root", "log", "log-format", "criu", "rootless
 CREATE_VALUE_OPTIONS = frozenset({"bundle", "b", "console-socket", "pid-file", "preserve-fds"})
 
 
-class ShimError(Exception):
+class ShimError(GpuhookError):
     """A start that must not go ahead: one line for stderr."""
 
 
@@ -255,9 +256,8 @@ def prepare(inv: Invocation, config_path: str | None) -> tuple[str, str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Prepare a create/run, then exec the real runtime with the original arguments; 1 (and no exec) on error."""
-    from gpuhook.errors import GpuhookError
-
+    """Prepare a create/run, then exec the real runtime with the original arguments; 1 (and no exec) on error:
+    one `gpuhook-runtime: ` line (errors.render) whatever failed, never a traceback."""
     args = list(sys.argv[1:] if argv is None else argv)
     config_path = os.environ.get(CONFIG_ENV) or None
     inv = Invocation(None)
@@ -271,9 +271,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if inv.command in CREATE_COMMANDS and not inv.help:
             log_file, line = prepare(inv, config_path)
             append_log(log_file, time.strftime("%Y-%m-%dT%H:%M:%S ") + line)
-    except (ShimError, GpuhookError, OSError) as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
-        runtime_log(inv, f"{PROG}: {exc}")
+    except Exception as exc:  # noqa: BLE001 - GpuhookError, a stray OSError or a bug: one line
+        from gpuhook.errors import render
+
+        line = f"{PROG}: {render(exc)}"
+        print(line, file=sys.stderr)
+        runtime_log(inv, line)  # where Docker and containerd read why a create failed
         return 1
     sys.stdout.flush()
     sys.stderr.flush()

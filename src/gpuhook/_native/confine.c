@@ -1,0 +1,95 @@
+/* gpuhook native helper: confining the host's ldconfig before it parses an image's files (see gpuhook_native.h).
+ *
+ * libnvidia-container runs ldconfig with few capabilities, no_new_privs and a seccomp filter; so does gpuhook:
+ * a memory bug in glibc's ELF or config parsing, driven by a hostile image, must not become a host escape. */
+#define _GNU_SOURCE
+#include "gpuhook_native.h"
+
+#include <errno.h>
+#include <stddef.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <linux/audit.h>
+#include <linux/capability.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+
+#if defined(__x86_64__)
+#define GH_AUDIT_ARCH AUDIT_ARCH_X86_64
+#elif defined(__aarch64__)
+#define GH_AUDIT_ARCH AUDIT_ARCH_AARCH64
+#endif
+
+/* What a static glibc ldconfig calls (strace of glibc 2.36's, building a cache, warnings, links, -p), plus what
+ * glibc may use instead on another version; the numbers come from this build's headers. */
+static const int ldconfig_syscalls[] = {
+#define S(name) __NR_##name,
+#ifdef __NR_open
+    S(open) S(stat) S(lstat) S(access) S(readlink) S(rename) S(mkdir) S(rmdir) S(unlink) S(symlink) S(chmod)
+    S(getdents) S(dup2) S(time)
+#endif
+    S(read) S(write) S(openat) S(close) S(fstat) S(newfstatat) S(statx) S(lseek) S(pread64) S(pwrite64)
+    S(readv) S(writev) S(mmap) S(munmap) S(mprotect) S(mremap) S(brk) S(madvise) S(rt_sigaction)
+    S(rt_sigprocmask) S(rt_sigreturn) S(ioctl) S(faccessat) S(faccessat2) S(getdents64) S(getcwd) S(chdir)
+    S(fchdir) S(renameat) S(renameat2) S(mkdirat) S(unlinkat) S(symlinkat) S(readlinkat) S(fchmod) S(fchmodat)
+    S(fsync) S(fdatasync) S(ftruncate) S(fcntl) S(dup) S(dup3) S(exit) S(exit_group) S(set_tid_address)
+    S(set_robust_list) S(rseq) S(prlimit64) S(getrandom) S(uname) S(futex) S(getpid) S(gettid) S(tgkill)
+    S(getuid) S(geteuid) S(getgid) S(getegid) S(umask) S(clock_gettime) S(gettimeofday) S(sysinfo)
+    S(sched_getaffinity) S(execve) S(execveat)
+#ifdef __NR_arch_prctl
+    S(arch_prctl)
+#endif
+#undef S
+};
+
+int gh_no_new_privs(void) { return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); }
+
+int gh_keep_capabilities(uint64_t keep)
+{
+    for (int cap = 0; cap < 64; cap++) {
+        if (keep & (1ULL << cap))
+            continue;
+        if (prctl(PR_CAPBSET_DROP, (unsigned long)cap, 0, 0, 0) != 0 && errno != EINVAL)
+            return -1; /* EINVAL: past the kernel's last capability */
+    }
+    if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0 && errno != EINVAL)
+        return -1;
+    struct __user_cap_header_struct head = {_LINUX_CAPABILITY_VERSION_3, 0};
+    struct __user_cap_data_struct data[2];
+    memset(data, 0, sizeof(data));
+    for (int i = 0; i < 2; i++) {
+        data[i].effective = data[i].permitted = (uint32_t)(keep >> (32 * i));
+        data[i].inheritable = 0;
+    }
+    return (int)syscall(SYS_capset, &head, data);
+}
+
+int gh_seccomp_ldconfig(void)
+{
+#ifndef GH_AUDIT_ARCH
+    errno = ENOSYS;
+    return -1;
+#else
+    enum { N = sizeof(ldconfig_syscalls) / sizeof(ldconfig_syscalls[0]) };
+    struct sock_filter f[6 + 2 * N + 1];
+    size_t k = 0;
+    f[k++] = (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch));
+    f[k++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, GH_AUDIT_ARCH, 1, 0);
+    f[k++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS);
+    f[k++] = (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr));
+    /* x32 system calls (bit 30) share the arch: killed, never matched against the 64-bit numbers */
+    f[k++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, 0x40000000u, 0, 1);
+    f[k++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS);
+    for (size_t i = 0; i < N; i++) {
+        f[k++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)ldconfig_syscalls[i], 0, 1);
+        f[k++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);
+    }
+    /* anything else fails with EPERM (glibc copes; a kill would turn a harmless new call into a failed start) */
+    f[k++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA));
+    struct sock_fprog prog = {(unsigned short)k, f};
+    return prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog, 0, 0);
+#endif
+}
