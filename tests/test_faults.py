@@ -136,6 +136,7 @@ FAKE_LDCONFIG = r"""
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 /* Stands in for the host's ldconfig, run by the hook after its mounts (static, as the hook requires, and
    chrooted into the container: READY is a path in the rootfs): reports, then misbehaves. */
@@ -143,10 +144,11 @@ int main(void)
 {
     FILE *f = fopen(READY, "w");
     if (f) { fprintf(f, "%d %d\n", (int)getpid(), (int)getppid()); fclose(f); }
-    if (strcmp(MODE, "kill-parent") == 0)
-        kill(getppid(), SIGKILL);   /* the injection child, in the container's mount namespace */
-    else
-        sleep(120);                 /* until the hook is killed (and the hook's alarm ends this) */
+    /* Until the hook (or, "kill-parent", the injection child, its parent: the test kills it from the host, as
+       the confined ldconfig may not) is killed, and the hook's alarm ends this. A spin: the seccomp allow-list
+       has neither nanosleep nor kill. */
+    for (time_t end = time(NULL) + 120; time(NULL) < end;)
+        ;
     return 0;
 }
 """
@@ -188,9 +190,28 @@ def test_injection_child_killed_fails_clearly(e2e: None, fake_driver: FakeDriver
                                               no_stragglers: None) -> None:
     """The child that joined the container's mount namespace dies by SIGKILL after mounting: the hook reports
     it in one line, and nothing stays mounted on the host."""
+    import threading
+
     exe, ready = fake_ldconfig(tmp_path, "kill-parent")
     mounts = hostile.host_mounts()
+
+    def kill_the_injection_child() -> None:
+        """The fake's parent as the host sees it (psutil, never a pid the fake reports: in another PID
+        namespace that could be 0, this very process group), and only if it is the hook's own Python."""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            for proc in psutil.process_iter(["exe"]):
+                if proc.info["exe"] == str(exe):
+                    parent = proc.parent()
+                    if parent is not None and parent.pid > 1 and "python" in os.path.basename(parent.exe()):
+                        parent.send_signal(signal.SIGKILL)
+                    return
+            time.sleep(0.02)
+
+    killer = threading.Thread(target=kill_the_injection_child)
+    killer.start()
     result, _ = start(tmp_path / "run", fake_driver, ["NVIDIA_VISIBLE_DEVICES=0"], ldconfig=f"@{exe}")
+    killer.join(70)
     assert ready.exists()
     line = one_clear_line(result)
     assert "died" in line or "ldconfig" in line, line
