@@ -7,6 +7,7 @@ device node made) and what the start must do (work, or fail with one escaped lin
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -251,9 +252,10 @@ def test_no_writes_into_a_host_volume_through_an_image_link(doors: Doors, tmp_pa
     /data/lib: the container itself gets EACCES there, yet a GPU start left 22 (hook, shim) or 59 (CDI)
     root-owned mount targets and links in the host directory (issue 22, item 2). gpuhook now creates, writes
     and removes only on the rootfs's own mount (and the container's /dev, /proc/driver/nvidia): the hook
-    refuses in one line and leaves the volume as it was; on the CDI and shim doors runc itself makes the mount
-    targets (the runtime's part, before any hook runs), and gpuhook's container hook refuses to add links or
-    ld configuration there."""
+    refuses in one line and leaves the volume as it was; the shim, which runs before runc, follows the image's
+    links as runc will and refuses before config.json changes (runc would make the mount targets there); on
+    the CDI door runc itself makes the mount targets (the runtime's part, before any hook runs), and gpuhook's
+    container hook refuses to add links or ld configuration there."""
     volume = tmp_path / "host-volume"
     (volume / "lib").mkdir(parents=True)
     (volume / "keep.txt").write_text("host data\n")
@@ -268,11 +270,11 @@ def test_no_writes_into_a_host_volume_through_an_image_link(doors: Doors, tmp_pa
 
     before = snapshot(volume)
     run = doors.start(door, tmp_path / "work", setup=setup, volumes=[(str(volume), "/data", "rw")])
-    run.refused("leads out of the container's own filesystem")
+    run.refused("volume mounted at /data" if door == "shim" else "leads out of the container's own filesystem")
     after = snapshot(volume)
     made = {k: v for k, v in after.items() if before.get(k) != v}
-    if door == "hook":
-        assert made == {}, f"the hook wrote into the host volume: {sorted(made)[:10]}"
+    if door in ("hook", "shim"):
+        assert made == {}, f"the start wrote into the host volume: {sorted(made)[:10]}"
     else:  # what runc made (empty mount targets) may be there; nothing of gpuhook's: no link, no conf, no cache
         assert not [k for k, v in made.items() if v.startswith("-> ") or not k.startswith("lib/")], sorted(made)[:10]
 
@@ -310,3 +312,110 @@ def test_gated_devices_follow_the_unprivileged_policy(fake_driver_datacenter: Fa
     assert run.stdout.strip() == "", f"an unprivileged image widened its device set: {run.stdout}"
     assert "NVIDIA_GDS,NVIDIA_MOFED,NVIDIA_NVSWITCH,NVIDIA_GDRCOPY ignored" in run.log[0] or \
         "ignored: unprivileged container" in run.log[0], run.log
+
+
+# --- 1: the host's MPS directory and IPC sockets --------------------------------------------------------------
+
+MPS_PROBE = r"""
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+static const char *result(int rc) { return rc == 0 ? "ok" : strerror(errno); }
+int main(int argc, char **argv)
+{
+    int fifo = open("/tmp/nvidia-mps/control", O_WRONLY | O_NONBLOCK);  /* the host's reader waits */
+    printf("FIFO-OPEN %s\n", result(fifo < 0 ? -1 : 0));
+    if (fifo >= 0)
+        printf("FIFO-WRITE %s\n", result(write(fifo, "hello\n", 6) == 6 ? 0 : -1));
+    int s = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    strcpy(addr.sun_path, "/tmp/nvidia-mps/server.sock");
+    printf("CONNECT %s\n", result(connect(s, (struct sockaddr *)&addr, sizeof addr)));
+    printf("CREATE %s\n", result(open("/tmp/nvidia-mps/planted", O_WRONLY | O_CREAT, 0644) < 0 ? -1 : 0));
+    printf("UNLINK %s\n", result(unlink("/tmp/nvidia-mps/control")));
+    printf("MKFIFO %s\n", result(mkfifo("/tmp/nvidia-mps/control2", 0600)));
+    if (argc > 1) {  /* a bound socket nobody listens on, mounted like persistenced's */
+        printf("SOCKET-CHMOD %s\n", result(chmod(argv[1], 0777)));
+        int t = socket(AF_UNIX, SOCK_STREAM, 0);
+        strcpy(addr.sun_path, argv[1]);
+        printf("SOCKET-CONNECT %s\n", result(connect(t, (struct sockaddr *)&addr, sizeof addr)));
+    }
+    return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def mps_probe(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    need_tool("gcc")
+    out = tmp_path_factory.mktemp("mpsprobe")
+    (out / "probe.c").write_text(MPS_PROBE)
+    built = subprocess.run(["gcc", "-static", "-O1", "-o", str(out / "mpsprobe"), str(out / "probe.c")],
+                           capture_output=True, text=True, check=False)
+    if built.returncode:
+        pytest.skip(f"cannot build a static probe: {built.stderr[-300:]}")
+    return out / "mpsprobe"
+
+
+@pytest.mark.parametrize("door", DOORS)
+def test_mps_directory_and_sockets_are_read_only_yet_usable(fake_driver_factory: Any, tmp_path: Path,
+                                                            tmp_path_factory: pytest.TempPathFactory,
+                                                            mps_probe: Path, door: str) -> None:
+    """The host's MPS pipe directory and the persistenced socket came in writable: a container created a file in
+    the host's /tmp/nvidia-mps and replaced its control pipe (issue 22, item 1; NVIDIA mounts them writable too).
+    They are read-only now, which stops no client: the container still opens the control FIFO for writing (the
+    host reads its line) and connects to the socket (the host accepts), while creating, removing or replacing an
+    entry, or changing the socket's mode, fails (EROFS) and the host's directory is unchanged."""
+    import socket
+    import threading
+
+    hostile.need_hook_e2e("gcc")
+    fake = fake_driver_factory(fresh=True)
+    mps = fake.root / "tmp/nvidia-mps"
+    mps.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(mps / "control")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(mps / "server.sock"))
+    server.listen(1)
+    server.settimeout(60)
+    got: dict[str, Any] = {}
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            got["fifo"] = open(mps / "control", "rb").readline()  # noqa: SIM115 - closed at exit of the thread
+        with contextlib.suppress(OSError):
+            got["conn"] = server.accept()[0]
+
+    reader = threading.Thread(target=serve, daemon=True)
+    reader.start()
+    before = hostile.content(mps)
+    worlds: list[Podman] = []
+
+    def world() -> Podman:
+        worlds.append(hostile.podman_with_spec(tmp_path_factory.mktemp("podman-mps"), fake))
+        return worlds[0]
+
+    doors = Doors(fake.root, world, tmp_path.parent / "probe")
+    try:
+        run = doors.start(door, tmp_path / "work", args=["/usr/bin/mpsprobe", *fake.ipc],
+                          setup=lambda r: shutil.copy2(mps_probe, r / "usr/bin/mpsprobe"))
+        reader.join(30)
+    finally:
+        for w in worlds:
+            w.close()
+        server.close()
+        with contextlib.suppress(OSError):  # free the reader if the container never opened the FIFO
+            os.close(os.open(mps / "control", os.O_WRONLY | os.O_NONBLOCK))
+    assert run.rc == 0, run.stderr[-2000:]
+    lines = dict(line.split(" ", 1) for line in run.stdout.splitlines() if " " in line)
+    assert (lines["FIFO-OPEN"], lines["FIFO-WRITE"], lines["CONNECT"]) == ("ok", "ok", "ok"), run.stdout
+    assert got.get("fifo") == b"hello\n" and "conn" in got, got
+    for what in ("CREATE", "UNLINK", "MKFIFO", "SOCKET-CHMOD"):
+        assert lines[what] == "Read-only file system", run.stdout
+    assert lines["SOCKET-CONNECT"] == "Connection refused", run.stdout  # reached: only nobody listens there
+    assert hostile.content(mps) == before

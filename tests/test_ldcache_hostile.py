@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import uuid
@@ -279,6 +280,36 @@ def test_ldconfig_runs_confined(tmp_path: Path) -> None:
         os.close(fd)
         os.close(leak)
     assert str(failed.value).endswith("fds=0,1,2, getppid=EPERM setuid=EPERM"), failed.value
+
+
+def test_ldconfig_alarm_survives_the_confinement(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The alarm that ends an ldconfig blocked on an image's FIFO is set before the seccomp filter (which does
+    not allow alarm()): a static program in ldconfig's place that opens a FIFO is stopped, not waited for."""
+    need_root()
+    need_tool("gcc")
+    src = tmp_path / "block.c"
+    src.write_text('#include <fcntl.h>\nint main(void) { return open("/fifo", O_RDONLY) < 0; }\n')
+    probe = tmp_path / "block"
+    if subprocess.run(["gcc", "-static", "-O1", "-o", str(probe), str(src)], capture_output=True).returncode:
+        pytest.skip("no static libc to build the probe with")
+    rootfs = small_rootfs(tmp_path)
+    os.mkfifo(rootfs / "fifo")
+    monkeypatch.setattr(ldcache, "LDCONFIG_TIMEOUT_S", 1)
+    fd = ldcache.open_ldconfig(str(probe))
+
+    def ring(_signum: int, _frame: object) -> None:  # a regression must fail, not hang the suite
+        os.close(os.open(rootfs / "fifo", os.O_WRONLY | os.O_NONBLOCK))  # releases the blocked child
+        raise AssertionError("ldconfig's alarm did not fire")
+
+    old = signal.signal(signal.SIGALRM, ring)
+    signal.alarm(15)
+    try:
+        with RootFS(str(rootfs)) as root, pytest.raises(InjectionError, match="did not finish in 1s"):
+            ldcache.update_ldcache(root, [], fd)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+        os.close(fd)
 
 
 def test_ldconfig_keeps_only_the_capabilities_it_needs() -> None:

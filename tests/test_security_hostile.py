@@ -101,6 +101,23 @@ def test_rootfs_lookups_agree_on_links(tmp_path: Path) -> None:
                 os.close(opened)
 
 
+def test_rootfs_leads_to_follows_links_as_a_runtime_would(tmp_path: Path) -> None:
+    """Where a runtime that creates missing mount targets would create them: links followed inside the rootfs
+    (absolute, relative, dangling, through /proc names lexically), the missing rest appended."""
+    (tmp_path / "usr/lib").mkdir(parents=True)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "usr/lib/abs").symlink_to("/data/lib")  # dangling: /data/lib does not exist yet
+    (tmp_path / "usr/lib/up").symlink_to("../../etc")
+    (tmp_path / "usr/lib/loop").symlink_to("loop")
+    with RootFS(str(tmp_path)) as root:
+        assert root.leads_to("/usr/lib/abs/libcuda.so.1") == "/data/lib/libcuda.so.1"
+        assert root.leads_to("/usr/lib/up/x") == "/etc/x"
+        assert root.leads_to("/usr/bin/nvidia-smi") == "/usr/bin/nvidia-smi"
+        assert root.leads_to("/") == "/"
+        with pytest.raises(InjectionError, match="too many links"):
+            root.leads_to("/usr/lib/loop/x")
+
+
 @pytest.mark.parametrize("kind", ["fifo", "device", "symlink-to-device"])
 def test_rootfs_never_opens_special_files(tmp_path: Path, kind: str) -> None:
     """read_file/write_file refuse a FIFO (blocks) or a device node (the host's device: the hook runs outside

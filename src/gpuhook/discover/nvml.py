@@ -86,34 +86,41 @@ def mig_profile_from_name(name: str) -> str:
 
 @contextmanager
 def bound_nvml(library_path: str) -> Iterator[Any]:
-    """pynvml, initialised against exactly `library_path`, shut down and unbound afterwards."""
+    """pynvml, initialised against exactly `library_path`, shut down and unbound afterwards; NVML cannot create
+    device nodes or load modules meanwhile (_without_device_powers)."""
     import pynvml
 
     if not _lock.acquire(timeout=LOCK_TIMEOUT_S):
         raise DiscoveryError(f"NVML is in use by another thread of this process for over {LOCK_TIMEOUT_S:.0f} s")
     try:
-        try:
-            lib = ctypes.CDLL(library_path)
-        except OSError as exc:
-            raise DiscoveryError(f"cannot load NVML library {library_path}: {exc}") from None
-        pynvml.nvmlLib = lib
-        pynvml._nvmlGetFunctionPointer_cache.clear()
-        try:
-            try:
-                pynvml.nvmlInit()
-            except pynvml.NVMLError as exc:
-                raise DiscoveryError(f"nvmlInit failed ({library_path}): {exc}") from None
-            try:
-                yield pynvml
-            finally:
-                with suppress(pynvml.NVMLError):
-                    pynvml.nvmlShutdown()
-        finally:
-            pynvml.nvmlLib = None
-            pynvml._nvmlGetFunctionPointer_cache.clear()
-            pynvml._nvmlLib_refcount = 0
+        with _without_device_powers():
+            yield from _bound(pynvml, library_path)
     finally:
         _lock.release()
+
+
+def _bound(pynvml: Any, library_path: str) -> Iterator[Any]:
+    """The body of bound_nvml: load, bind, init, yield, shut down, unbind."""
+    try:
+        lib = ctypes.CDLL(library_path)
+    except OSError as exc:
+        raise DiscoveryError(f"cannot load NVML library {library_path}: {exc}") from None
+    pynvml.nvmlLib = lib
+    pynvml._nvmlGetFunctionPointer_cache.clear()
+    try:
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as exc:
+            raise DiscoveryError(f"nvmlInit failed ({library_path}): {exc}") from None
+        try:
+            yield pynvml
+        finally:
+            with suppress(pynvml.NVMLError):
+                pynvml.nvmlShutdown()
+    finally:
+        pynvml.nvmlLib = None
+        pynvml._nvmlGetFunctionPointer_cache.clear()
+        pynvml._nvmlLib_refcount = 0
 
 
 def _cuda_version(nv: Any) -> str:
@@ -224,12 +231,8 @@ _CAP_SYS_MODULE = 16
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 
 
-def _drop_device_powers() -> None:
-    """Clear CAP_MKNOD and CAP_SYS_MODULE from this process's effective and permitted sets.
-
-    Finding no kernel driver, NVIDIA's libnvidia-ml running as root creates /dev/nvidiactl on the host and
-    tries to load the module; without these it cannot, and reports the driver as not loaded instead.
-    """
+def _capabilities() -> tuple[Any, Any, Any]:
+    """(libc, header, data) of this thread's capability sets (capget/capset act on the calling thread only)."""
     libc = ctypes.CDLL(None, use_errno=True)
 
     class Header(ctypes.Structure):
@@ -242,6 +245,39 @@ def _drop_device_powers() -> None:
     data = (Data * 2)()
     if libc.capget(ctypes.byref(header), data) != 0:
         raise OSError(ctypes.get_errno(), "capget")
+    return libc, header, data
+
+
+@contextmanager
+def _without_device_powers() -> Iterator[None]:
+    """Run NVML with CAP_MKNOD and CAP_SYS_MODULE out of this thread's effective set, put back afterwards.
+
+    Finding no kernel module, NVIDIA's libnvidia-ml running as root creates /dev/nvidiactl in the host's /dev and
+    tries to load the module; every in-process use of NVML (the device plugin's health thread) goes through
+    bound_nvml, so none can. Capabilities are per thread: the other threads of the process keep theirs, and
+    threads NVML starts meanwhile inherit the reduced set. Dropping the permitted set too
+    (_drop_device_powers) is for a child that exits afterwards."""
+    libc, header, data = _capabilities()
+    saved = data[0].effective
+    for cap in (_CAP_MKNOD, _CAP_SYS_MODULE):
+        data[0].effective &= ~(1 << cap)
+    if data[0].effective != saved and libc.capset(ctypes.byref(header), data) != 0:
+        raise OSError(ctypes.get_errno(), "capset")
+    try:
+        yield
+    finally:
+        if data[0].effective != saved:
+            data[0].effective = saved
+            libc.capset(ctypes.byref(header), data)
+
+
+def _drop_device_powers() -> None:
+    """Clear CAP_MKNOD and CAP_SYS_MODULE from this process's effective and permitted sets.
+
+    Finding no kernel driver, NVIDIA's libnvidia-ml running as root creates /dev/nvidiactl on the host and
+    tries to load the module; without these it cannot, and reports the driver as not loaded instead.
+    """
+    libc, header, data = _capabilities()
     for cap in (_CAP_MKNOD, _CAP_SYS_MODULE):
         data[0].effective &= ~(1 << cap)
         data[0].permitted &= ~(1 << cap)

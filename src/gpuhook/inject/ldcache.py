@@ -298,8 +298,8 @@ def _child(rootfs: RootFS, ldconfig_fd: int, argv: list[str], err_w: int) -> Non
         os.chroot(".")
         os.chdir("/")
         exe = _keep_only_stdio(ldconfig_fd)
-        _confine()
-        signal.alarm(LDCONFIG_TIMEOUT_S)  # survives execve; SIGALRM's default action ends ldconfig
+        signal.alarm(LDCONFIG_TIMEOUT_S)  # survives execve; SIGALRM's default action ends ldconfig. Before the
+        _confine()                        # filter, which does not allow alarm() (nor does ldconfig need it)
         os.execve(exe, argv, {})
     except BaseException as exc:  # noqa: BLE001 - report whatever stopped us, then die
         try:

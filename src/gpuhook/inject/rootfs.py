@@ -128,6 +128,37 @@ class RootFS:
         except OSError as exc:
             raise _error("", path, exc) from None
 
+    def leads_to(self, path: str) -> str:
+        """The container path that `path` names once every link on it is followed inside the rootfs, the parts
+        that do not exist yet included (a dangling link is followed to where it points): where a runtime that
+        creates missing mount targets (runc's securejoin) would create them. Lexical past what exists."""
+        top = os.readlink(f"/proc/self/fd/{self.fd}").rstrip("/") or "/"
+        todo = [p for p in posixpath.normpath("/" + path.lstrip("/")).split("/") if p]
+        here = "/"
+        for _ in range(255):  # link hops and components together, as the kernel bounds a lookup
+            if not todo:
+                return here
+            part = todo.pop(0)
+            nxt = posixpath.normpath(posixpath.join(here, part))
+            try:
+                fd = _native.openat2(self.fd, nxt.lstrip("/") or ".", O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, 0, RESOLVE)
+            except OSError:
+                return posixpath.normpath(posixpath.join(nxt, *todo))  # missing from here on: lexical
+            try:
+                if stat.S_ISLNK(os.fstat(fd).st_mode):
+                    target = os.readlink("", dir_fd=fd)
+                    todo = [p for p in target.split("/") if p] + todo
+                    here = "/" if target.startswith("/") else here
+                    continue
+                real = os.readlink(f"/proc/self/fd/{fd}")
+            finally:
+                os.close(fd)
+            rel = posixpath.relpath(real, top)
+            if rel.startswith(".."):
+                raise InjectionError(f"{shown(path)} in container: leads out of the rootfs")
+            here = "/" if rel == "." else "/" + rel
+        raise InjectionError(f"{shown(path)} in container: too many links")
+
     def exists(self, path: str) -> bool:
         try:
             fd = _native.openat2(self.fd, path.lstrip("/") or ".", O_PATH | os.O_CLOEXEC, 0, RESOLVE)

@@ -194,6 +194,38 @@ def apply_edits(config: dict[str, Any], edits: Any, hook_path: str) -> dict[str,
 # --- the pieces around it -----------------------------------------------------------------------------------
 
 
+def _volumes(config: dict[str, Any]) -> list[str]:
+    """Destinations of the bind mounts config.json already has: host directories the runtime will mount."""
+    out = []
+    for m in config.get("mounts") or []:
+        if isinstance(m, dict) and isinstance(m.get("destination"), str) and (
+                m.get("type") == "bind" or any(o in ("bind", "rbind") for o in m.get("options") or [])):
+            out.append(os.path.normpath("/" + m["destination"].lstrip("/")))
+    return out
+
+
+def check_off_volumes(rootfs_path: str, config: dict[str, Any], edits: Any) -> None:
+    """Refuse a start whose mount targets, links or ld configuration would land on a volume through an image link
+    (a library folder linking to /data/lib, /data a host directory): runc creates missing mount targets before
+    any hook runs, in the host's directory. Followed as runc does (RootFS.leads_to), before config.json changes."""
+    volumes = _volumes(config)
+    if not volumes:
+        return
+    from gpuhook.errors import clip
+    from gpuhook.inject.rootfs import RootFS
+
+    paths = [m.container_path for m in edits.mounts] + [link.link for link in edits.symlinks]
+    if edits.ld_dirs:
+        paths.append("/etc/ld.so.conf.d/00-gpuhook.conf")
+    with RootFS(rootfs_path) as rootfs:
+        for path in paths:
+            where = rootfs.leads_to(path)
+            hit = next((v for v in volumes if where == v or where.startswith(v.rstrip("/") + "/")), None)
+            if hit is not None:
+                raise ShimError(f"{clip(path, quote=False)} in the image leads to {clip(where, quote=False)}, on the "
+                                f"volume mounted at {clip(hit, quote=False)}: refusing to create it there")
+
+
 def gpuhook_executable() -> str:
     """The installed `gpuhook` the createContainer hooks run (discover/executables.py)."""
     from gpuhook.discover.executables import gpuhook_executable as installed
@@ -247,6 +279,7 @@ def prepare(inv: Invocation, config_path: str | None) -> tuple[str, str]:
         who = "gpuhook" if "gpuhook" in owners else "NVIDIA's nvidia-container-runtime-hook"
         return config.log_file, f"{inv.container_id} runtime skip: a {who} prestart hook will inject"
     planned = plan_request(config, request)
+    check_off_volumes(bundle.rootfs, bundle.config, planned.edits)
     path = os.path.join(inv.bundle, "config.json")
     new = apply_edits(bundle.config, planned.edits, gpuhook_executable())
     from gpuhook.fileio.atomic import write_atomic
