@@ -62,15 +62,22 @@ def run_entry(entry: Path, args: list[str], stdin: bytes = b"") -> subprocess.Co
 # --- the installed script -------------------------------------------------------------------------------------
 
 
+def script_of(entry: Path) -> Path:
+    """The Python entry script: beside the native entry (PATH.py) when that was built, else PATH itself."""
+    return entry.with_name(entry.name + ".py") if hook_entry.native_entry() else entry
+
+
 def test_script_starts_python_isolated_with_exact_paths(entry: Path) -> None:
-    text = entry.read_text()
+    script = script_of(entry)
+    text = script.read_text()
     assert text.splitlines()[0] == f"#!{sys.executable} -IS"  # one word after the interpreter: Linux passes one
-    assert stat.S_IMODE(entry.stat().st_mode) == 0o755
+    assert stat.S_IMODE(entry.stat().st_mode) == 0o755 and stat.S_IMODE(script.stat().st_mode) == 0o755
     paths = hook_entry.search_paths()
     assert f"sys.path += {paths!r}" in text
     assert (Path(paths[0]) / "gpuhook" / "__init__.py").is_file()
     assert any(name.startswith("_cffi_backend") for name in os.listdir(paths[-1]))
-    assert [p.name for p in entry.parent.iterdir()] == ["gpuhook-hook"]  # no temp file left behind
+    names = sorted(p.name for p in entry.parent.iterdir())  # no temp file left behind
+    assert names == sorted({"gpuhook-hook", script.name})
 
 
 def test_install_replaces_atomically_through_the_cli(tmp_path: Path) -> None:
@@ -80,7 +87,7 @@ def test_install_replaces_atomically_through_the_cli(tmp_path: Path) -> None:
     target.write_text("old")
     before = target.stat().st_ino
     assert main(["hook", "install", "--path", str(target)]) == 0
-    assert target.read_text().startswith("#!") and target.stat().st_ino != before
+    assert script_of(target).read_text().startswith("#!") and target.stat().st_ino != before
     assert stat.S_IMODE(target.stat().st_mode) == 0o755
 
 
@@ -92,7 +99,8 @@ def test_docker_gpus_install_writes_nvidias_name_and_never_replaces_a_foreign_on
     target.parent.mkdir()
     docker = target.parent / "nvidia-container-runtime-hook"
     assert main(["hook", "install", "--path", str(target), "--docker-gpus"]) == 0
-    assert docker.read_text() == target.read_text() and stat.S_IMODE(docker.stat().st_mode) == 0o755
+    assert docker.read_bytes() == target.read_bytes() and stat.S_IMODE(docker.stat().st_mode) == 0o755
+    assert script_of(docker).read_text() == script_of(target).read_text()
     assert main(["hook", "install", "--path", str(target), "--docker-gpus"]) == 0  # ours: replaced again
     docker.write_text("#!/bin/sh\n# NVIDIA's nvidia-container-runtime-hook\n")
     target.unlink()
@@ -142,7 +150,7 @@ def test_works_from_a_non_editable_layout(tmp_path: Path) -> None:
     code = (f"import sys; sys.path.insert(0, {str(site)!r}); import gpuhook.cli.entry as h; "
             f"assert h.__file__.startswith({str(site)!r}); h.install({str(target)!r})")  # fmt: skip
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, timeout=60)
-    assert f"sys.path += [{str(site)!r}, " in target.read_text()
+    assert f"sys.path += [{str(site)!r}, " in script_of(target).read_text()
     config = write_config(tmp_path, Path("/"))
     result = run_entry(target, ["--config", str(config)], state(bundle_dir(tmp_path, [])))
     assert result.returncode == 0, result.stderr
@@ -162,7 +170,8 @@ def test_no_gpu_fast_path(entry: Path, tmp_path: Path) -> None:
 
 def test_no_gpu_fast_path_imports_only_the_basics(entry: Path, tmp_path: Path) -> None:
     config = write_config(tmp_path, Path("/"))
-    result = subprocess.run([sys.executable, "-IS", "-X", "importtime", str(entry), "--config", str(config)],
+    result = subprocess.run([sys.executable, "-IS", "-X", "importtime", str(script_of(entry)), "--config",
+                             str(config)],
                             input=state(bundle_dir(tmp_path, [])), capture_output=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
     imported = {line.split("|")[-1].strip() for line in result.stderr.decode().splitlines() if "|" in line}
@@ -223,7 +232,7 @@ def test_runc_container_with_one_gpu_through_the_entry(runc_e2e: Path, entry: Pa
     traces = tmp / "traces"
     traces.mkdir()
     traced = tmp / "traced-hook"
-    traced.write_text(f'#!/bin/sh\nexec {sys.executable} -IS -X importtime {entry} "$@" 2>"{traces}/$$"\n')
+    traced.write_text(f'#!/bin/sh\nexec {sys.executable} -IS -X importtime {script_of(entry)} "$@" 2>"{traces}/$$"\n')
     traced.chmod(0o755)
     for round_, hook_path in enumerate((entry, traced)):  # the first start fills the inventory cache
         work = tmp / f"run{round_}"
