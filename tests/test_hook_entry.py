@@ -32,6 +32,7 @@ from gpuhook.errors import GpuhookError
 from gpuhook.fileio.tomlfile import tomllib
 from gpuhook.hook import prestart as hook
 from gpuhook.hook.config import Config, load_config, parse_config, parse_simple
+from gpuhook.hook.installed import is_ours
 
 WATCHED = ("yaml", "jsonschema", "click", "grpc", "pynvml")
 HOOK_ENV = ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"]
@@ -479,3 +480,28 @@ def test_links_if_present_follow_the_nodes_the_container_got(tmp_path: Path) -> 
     by_path = rootfs / "dev" / "dri" / "by-path"
     assert sorted(p.name for p in by_path.iterdir()) == ["pci-0000:18:00.0-card"]
     assert os.readlink(by_path / "pci-0000:18:00.0-card") == "../card1"
+
+
+def test_install_without_the_native_entry_writes_the_script_with_a_note(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """No compiler at build time: the hook path is today's Python entry, and install says why."""
+    monkeypatch.setattr(hook_entry, "native_entry", lambda: None)
+    notes: list[str] = []
+    target = tmp_path / "gpuhook-hook"
+    assert hook_entry.install(str(target), notes=notes) == [str(target)]
+    assert target.read_text().startswith("#!") and not target.with_name("gpuhook-hook.py").exists()
+    assert len(notes) == 1 and "native entry was not built" in notes[0]
+
+
+def test_native_install_writes_the_binary_and_its_fallback_under_both_names(tmp_path: Path) -> None:
+    if hook_entry.native_entry() is None:
+        pytest.skip("the native entry was not built")
+    target = tmp_path / "gpuhook-hook"
+    docker = tmp_path / "nvidia-container-runtime-hook"
+    written = hook_entry.install(str(target), docker_gpus=True)
+    assert written == [str(target), f"{target}.py", str(docker), f"{docker}.py"]
+    assert target.read_bytes().startswith(b"\x7fELF") and is_ours(str(target)) and is_ours(str(docker))
+    assert Path(f"{docker}.py").read_text() == Path(f"{target}.py").read_text()
+    Path(f"{docker}.py").write_text("#!/bin/sh\n# someone else's\n")  # a foreign fallback is never replaced
+    with pytest.raises(GpuhookError, match=r"nvidia-container-runtime-hook\.py exists and is not gpuhook's"):
+        hook_entry.install(str(target), docker_gpus=True)

@@ -154,11 +154,30 @@ def service(root_tmp: Path) -> Iterator[Running]:
     running.stop()
 
 
-def ask(sock: Path, argv: list[str], body: bytes) -> tuple[int, str]:
+def ask(sock: Path, argv: list[str], body: bytes, pid_fd: int | None = None) -> tuple[int, str]:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         conn.connect(str(sock))
-        protocol.send_request(conn, argv, body)
+        protocol.send_request(conn, argv, body, pid_fd=pid_fd)
         return protocol.recv_answer(conn)
+
+
+def test_the_pid_fd_must_name_the_states_process(service: Running, root_tmp: Path) -> None:
+    """The client's /proc/<pid> fd and the state's pid must be one process (same mount namespace) here."""
+    config = ["--config", str(root_tmp / "config.toml")]
+    body = state(plain_bundle(root_tmp, ["NVIDIA_VISIBLE_DEVICES=all"]), cid="pidfd", pid=os.getpid())
+    other = subprocess.Popen(["unshare", "-m", "sleep", "30"])  # another mount namespace: "another process"
+    try:
+        time.sleep(0.2)
+        fd = os.open(f"/proc/{other.pid}", os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            code, line = ask(service.sock, config, body, pid_fd=fd)
+        finally:
+            os.close(fd)
+    finally:
+        other.kill()
+        other.wait()
+    assert code == 1 and line.startswith(f"gpuhook-hook: container process {os.getpid()} of the state is another")
+    assert " pidfd error: container process" in (root_tmp / "gpuhook.log").read_text()
 
 
 def test_socket_is_root_only_and_removed_at_stop(service: Running) -> None:
@@ -177,8 +196,9 @@ def test_no_gpu_request_is_one_round_trip_logged_as_skip(service: Running, root_
 
 
 def test_errors_are_the_hooks_own_line(service: Running, root_tmp: Path) -> None:
-    code, line = ask(service.sock, ["--config", str(root_tmp / "missing.toml")], state(plain_bundle(root_tmp, [])))
-    assert code == 1 and line == f"gpuhook-hook: config file {root_tmp / 'missing.toml'} not found"
+    code, line = ask(service.sock, ["--config", str(root_tmp / "config.toml")], state(root_tmp / "gone", cid="gone"))
+    assert code == 1 and line.startswith("gpuhook-hook: ") and str(root_tmp / "gone") in line
+    assert " gone error: " in (root_tmp / "gpuhook.log").read_text()  # the same line in the log, as in-process
     code, line = ask(service.sock, ["--bogus"], b"")
     assert code == 1 and line.startswith("gpuhook-hook: unexpected argument '--bogus'")
     code, line = ask(service.sock, ["--config", str(root_tmp / "config.toml")], b"{not json")
@@ -273,8 +293,8 @@ def test_native_no_gpu_through_the_service_never_falls_back(native: Path, servic
     assert (result.returncode, result.stderr) == (0, "")
     assert " native-nogpu skip request=unset took=" in (root_tmp / "gpuhook.log").read_text()
     assert not marker.exists()
-    result = run_native(native, service.sock, ["--config", str(root_tmp / "missing.toml")], b"{}")
-    assert result.returncode == 1 and result.stderr.count("\n") == 1 and "not found" in result.stderr
+    result = run_native(native, service.sock, ["--config", str(root_tmp / "config.toml")], state(root_tmp / "gone"))
+    assert result.returncode == 1 and result.stderr.count("\n") == 1 and str(root_tmp / "gone") in result.stderr
 
 
 def test_native_falls_back_when_nothing_listens(native: Path, root_tmp: Path) -> None:

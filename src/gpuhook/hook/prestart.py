@@ -70,8 +70,9 @@ def _parse_args(argv: list[str]) -> tuple[str | None, str]:
     return config, stage
 
 
-def run(state_text: bytes, config: Config) -> str:
-    """Handle one container; returns the log summary. Raises GpuhookError for a start that must fail."""
+def run(state_text: bytes, config: Config, check: Callable[[bytes], None] | None = None) -> str:
+    """Handle one container; returns the log summary. Raises GpuhookError for a start that must fail. `check`
+    vets the state right before a container is touched (never for one that asks for no GPU)."""
     state = parse_state(state_text)
     bundle = load_bundle(state.bundle)
     annotations = {**bundle.annotations, **state.annotations}
@@ -85,6 +86,8 @@ def run(state_text: bytes, config: Config) -> str:
     notes = "".join(f" ({n})" for n in request.notes)
     if not request.wants_gpu_setup:
         return f"{state.id} skip request={request.kind}{notes}"
+    if check is not None:
+        check(state_text)
     return f"{state.id} " + _inject(config, state.pid, bundle.rootfs, request) + notes
 
 
@@ -111,11 +114,13 @@ def config_path_for(argv: list[str], config_env: str | None) -> str | None:
 
 
 def handle(config_path: str | None, read_state: Callable[[], bytes], start: float,
-           load: Callable[[str | None], Config] | None = None) -> tuple[int, str]:
+           load: Callable[[str | None], Config] | None = None,
+           check: Callable[[bytes], None] | None = None) -> tuple[int, str]:
     """One container start, as `main` and `gpuhook service` run it: (exit status, the one stderr line or "").
 
     Every failure (OSError and bugs included) is one escaped, bounded line (errors.render), the same text in the
-    log line; `load` reads the config (the service passes its warm one)."""
+    log line; `load` reads the config (the service passes its warm one), `check` goes to run (the service: the
+    client's /proc/<pid> fd names the state's pid)."""
     log_file = "/var/log/gpuhook.log"
     state_text = b""
     line = ""
@@ -125,7 +130,7 @@ def handle(config_path: str | None, read_state: Callable[[], bytes], start: floa
             from gpuhook.hook.config import load_config as load
         config = load(config_path)
         log_file = config.log_file
-        summary, code = run(state_text, config), 0
+        summary, code = run(state_text, config, check), 0
     except Exception as exc:  # noqa: BLE001 - a bug still fails the start with one line, never a traceback
         from gpuhook.errors import render
 

@@ -274,12 +274,13 @@ class Service:
             if self.listener is not None:
                 self.listener.close()
 
-            def read_state() -> bytes:
-                if request.pid_fd is not None:
-                    check_pid_fd(request.state, request.pid_fd)
-                return request.state
+            pid_fd = request.pid_fd
 
-            code, line = prestart.handle(config_path, read_state, start, load=self.load)
+            def check(state_text: bytes) -> None:
+                if pid_fd is not None:
+                    check_pid_fd(state_text, pid_fd)
+
+            code, line = prestart.handle(config_path, lambda: request.state, start, load=self.load, check=check)
             self._answer(conn, code, line)
         except BaseException:  # noqa: BLE001 - a child must never return into the accept loop
             pass
