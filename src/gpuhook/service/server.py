@@ -12,6 +12,7 @@ Safety rules (README "The hook service"):
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import signal
 import socket
@@ -257,7 +258,8 @@ class Service:
             self.warm(config_path)
             if len(self.children) >= MAX_CHILDREN:
                 self.reap(block=True)
-            child = os.fork()
+            gc.freeze()  # the warm heap goes to the permanent generation: a child's collections never touch
+            child = os.fork()  # (and so never copy) the parent's pages
             if child == 0:
                 self._child(conn, request, config_path, start)
             self.children.add(child)
@@ -269,6 +271,7 @@ class Service:
         """In the forked child: what the in-process hook runs, its answer written back; never returns."""
         code = 1
         try:
+            gc.disable()  # one request, then exit: nothing to collect that exit does not free
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, signal.SIG_DFL)
             if self.listener is not None:
