@@ -1,9 +1,35 @@
-"""Build hook for the cffi extension `gpuhook._native._gpuhook_native`.
+"""Build hooks: the cffi extension `gpuhook._native._gpuhook_native` and the native hook entry.
 
 Everything else lives in pyproject.toml; setuptools' pyproject validation rejects `cffi_modules` under
-[tool.setuptools], so this one keyword (registered by cffi's setuptools plugin) is passed here.
+[tool.setuptools], so this one keyword (registered by cffi's setuptools plugin) is passed here. The entry
+(`_native/entry.c`, issue 21) is an executable, not an extension: it is compiled and linked with the compiler
+setuptools uses for the extension and lands beside it as `gpuhook/_native/gpuhook-entry` (package data).
+Without a working compiler the package still installs; `gpuhook hook install` then writes the Python entry.
 """
 
-from setuptools import setup
+import os
+import sys
 
-setup(cffi_modules=["src/gpuhook/_native/_build.py:ffibuilder"])
+from setuptools import setup
+from setuptools.command.build_ext import build_ext
+
+ENTRY_SOURCE = "src/gpuhook/_native/entry.c"
+ENTRY_NAME = "gpuhook-entry"
+
+
+class BuildExtWithEntry(build_ext):
+    """build_ext, then the native hook entry into the folder the extension went to (in place for -e)."""
+
+    def run(self) -> None:
+        super().run()
+        target_dir = os.path.dirname(self.get_ext_fullpath("gpuhook._native._gpuhook_native"))
+        try:
+            objects = self.compiler.compile([ENTRY_SOURCE], output_dir=self.build_temp,
+                                            extra_postargs=["-std=gnu11", "-O2", "-Wall", "-Wextra"])
+            self.compiler.link_executable(objects, ENTRY_NAME, output_dir=target_dir)
+        except Exception as exc:  # noqa: BLE001 - the Python entry still works: say so and go on
+            print(f"warning: native hook entry not built ({exc}); `gpuhook hook install` writes the Python entry",
+                  file=sys.stderr)
+
+
+setup(cffi_modules=["src/gpuhook/_native/_build.py:ffibuilder"], cmdclass={"build_ext": BuildExtWithEntry})

@@ -81,4 +81,4 @@ def install_lean_entry(path: Path) -> str:
     """`gpuhook hook install --path PATH`, in-process: the -IS entry script the hook benchmarks run."""
     from gpuhook.cli.entry import install
 
-    return install(str(path))[0]  # the entry (with --docker-gpus, NVIDIA's name follows)
+    return install(str(path), native=False)[0]  # the script itself (bench/service.py times the native entry)

@@ -32,6 +32,7 @@ from gpuhook.errors import GpuhookError
 from gpuhook.fileio.tomlfile import tomllib
 from gpuhook.hook import prestart as hook
 from gpuhook.hook.config import Config, load_config, parse_config, parse_simple
+from gpuhook.hook.installed import is_ours
 
 WATCHED = ("yaml", "jsonschema", "click", "grpc", "pynvml")
 HOOK_ENV = ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"]
@@ -62,15 +63,22 @@ def run_entry(entry: Path, args: list[str], stdin: bytes = b"") -> subprocess.Co
 # --- the installed script -------------------------------------------------------------------------------------
 
 
+def script_of(entry: Path) -> Path:
+    """The Python entry script: beside the native entry (PATH.py) when that was built, else PATH itself."""
+    return entry.with_name(entry.name + ".py") if hook_entry.native_entry() else entry
+
+
 def test_script_starts_python_isolated_with_exact_paths(entry: Path) -> None:
-    text = entry.read_text()
+    script = script_of(entry)
+    text = script.read_text()
     assert text.splitlines()[0] == f"#!{sys.executable} -IS"  # one word after the interpreter: Linux passes one
-    assert stat.S_IMODE(entry.stat().st_mode) == 0o755
+    assert stat.S_IMODE(entry.stat().st_mode) == 0o755 and stat.S_IMODE(script.stat().st_mode) == 0o755
     paths = hook_entry.search_paths()
     assert f"sys.path += {paths!r}" in text
     assert (Path(paths[0]) / "gpuhook" / "__init__.py").is_file()
     assert any(name.startswith("_cffi_backend") for name in os.listdir(paths[-1]))
-    assert [p.name for p in entry.parent.iterdir()] == ["gpuhook-hook"]  # no temp file left behind
+    names = sorted(p.name for p in entry.parent.iterdir())  # no temp file left behind
+    assert names == sorted({"gpuhook-hook", script.name})
 
 
 def test_install_replaces_atomically_through_the_cli(tmp_path: Path) -> None:
@@ -80,7 +88,7 @@ def test_install_replaces_atomically_through_the_cli(tmp_path: Path) -> None:
     target.write_text("old")
     before = target.stat().st_ino
     assert main(["hook", "install", "--path", str(target)]) == 0
-    assert target.read_text().startswith("#!") and target.stat().st_ino != before
+    assert script_of(target).read_text().startswith("#!") and target.stat().st_ino != before
     assert stat.S_IMODE(target.stat().st_mode) == 0o755
 
 
@@ -92,7 +100,8 @@ def test_docker_gpus_install_writes_nvidias_name_and_never_replaces_a_foreign_on
     target.parent.mkdir()
     docker = target.parent / "nvidia-container-runtime-hook"
     assert main(["hook", "install", "--path", str(target), "--docker-gpus"]) == 0
-    assert docker.read_text() == target.read_text() and stat.S_IMODE(docker.stat().st_mode) == 0o755
+    assert docker.read_bytes() == target.read_bytes() and stat.S_IMODE(docker.stat().st_mode) == 0o755
+    assert script_of(docker).read_text() == script_of(target).read_text()
     assert main(["hook", "install", "--path", str(target), "--docker-gpus"]) == 0  # ours: replaced again
     docker.write_text("#!/bin/sh\n# NVIDIA's nvidia-container-runtime-hook\n")
     target.unlink()
@@ -142,7 +151,7 @@ def test_works_from_a_non_editable_layout(tmp_path: Path) -> None:
     code = (f"import sys; sys.path.insert(0, {str(site)!r}); import gpuhook.cli.entry as h; "
             f"assert h.__file__.startswith({str(site)!r}); h.install({str(target)!r})")  # fmt: skip
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, timeout=60)
-    assert f"sys.path += [{str(site)!r}, " in target.read_text()
+    assert f"sys.path += [{str(site)!r}, " in script_of(target).read_text()
     config = write_config(tmp_path, Path("/"))
     result = run_entry(target, ["--config", str(config)], state(bundle_dir(tmp_path, [])))
     assert result.returncode == 0, result.stderr
@@ -162,7 +171,8 @@ def test_no_gpu_fast_path(entry: Path, tmp_path: Path) -> None:
 
 def test_no_gpu_fast_path_imports_only_the_basics(entry: Path, tmp_path: Path) -> None:
     config = write_config(tmp_path, Path("/"))
-    result = subprocess.run([sys.executable, "-IS", "-X", "importtime", str(entry), "--config", str(config)],
+    result = subprocess.run([sys.executable, "-IS", "-X", "importtime", str(script_of(entry)), "--config",
+                             str(config)],
                             input=state(bundle_dir(tmp_path, [])), capture_output=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
     imported = {line.split("|")[-1].strip() for line in result.stderr.decode().splitlines() if "|" in line}
@@ -223,7 +233,7 @@ def test_runc_container_with_one_gpu_through_the_entry(runc_e2e: Path, entry: Pa
     traces = tmp / "traces"
     traces.mkdir()
     traced = tmp / "traced-hook"
-    traced.write_text(f'#!/bin/sh\nexec {sys.executable} -IS -X importtime {entry} "$@" 2>"{traces}/$$"\n')
+    traced.write_text(f'#!/bin/sh\nexec {sys.executable} -IS -X importtime {script_of(entry)} "$@" 2>"{traces}/$$"\n')
     traced.chmod(0o755)
     for round_, hook_path in enumerate((entry, traced)):  # the first start fills the inventory cache
         work = tmp / f"run{round_}"
@@ -470,3 +480,28 @@ def test_links_if_present_follow_the_nodes_the_container_got(tmp_path: Path) -> 
     by_path = rootfs / "dev" / "dri" / "by-path"
     assert sorted(p.name for p in by_path.iterdir()) == ["pci-0000:18:00.0-card"]
     assert os.readlink(by_path / "pci-0000:18:00.0-card") == "../card1"
+
+
+def test_install_without_the_native_entry_writes_the_script_with_a_note(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """No compiler at build time: the hook path is today's Python entry, and install says why."""
+    monkeypatch.setattr(hook_entry, "native_entry", lambda: None)
+    notes: list[str] = []
+    target = tmp_path / "gpuhook-hook"
+    assert hook_entry.install(str(target), notes=notes) == [str(target)]
+    assert target.read_text().startswith("#!") and not target.with_name("gpuhook-hook.py").exists()
+    assert len(notes) == 1 and "native entry was not built" in notes[0]
+
+
+def test_native_install_writes_the_binary_and_its_fallback_under_both_names(tmp_path: Path) -> None:
+    if hook_entry.native_entry() is None:
+        pytest.skip("the native entry was not built")
+    target = tmp_path / "gpuhook-hook"
+    docker = tmp_path / "nvidia-container-runtime-hook"
+    written = hook_entry.install(str(target), docker_gpus=True)
+    assert written == [str(target), f"{target}.py", str(docker), f"{docker}.py"]
+    assert target.read_bytes().startswith(b"\x7fELF") and is_ours(str(target)) and is_ours(str(docker))
+    assert Path(f"{docker}.py").read_text() == Path(f"{target}.py").read_text()
+    Path(f"{docker}.py").write_text("#!/bin/sh\n# someone else's\n")  # a foreign fallback is never replaced
+    with pytest.raises(GpuhookError, match=r"nvidia-container-runtime-hook\.py exists and is not gpuhook's"):
+        hook_entry.install(str(target), docker_gpus=True)

@@ -58,6 +58,7 @@ class LazyGroup(click.Group):
         "labels": "gpuhook.cli.labels:labels",
         "doctor": "gpuhook.cli.doctor:doctor",
         "system": "gpuhook.cli.system:system",
+        "service": "gpuhook.cli.service:service",
     }
 
     def list_commands(self, ctx: click.Context) -> list[str]:

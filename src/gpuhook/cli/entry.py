@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import sys
 
-from gpuhook.hook.installed import DEFAULT_PATH, DOCKER_GPUS_NAME, MARKER, is_ours
+from gpuhook.hook.installed import DEFAULT_PATH, DOCKER_GPUS_NAME, FALLBACK_SUFFIX, MARKER, is_ours
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
@@ -179,26 +179,60 @@ def docker_gpus_path(path: str) -> str:
     return os.path.join(os.path.dirname(os.path.abspath(path)), DOCKER_GPUS_NAME)
 
 
-def install(path: str = DEFAULT_PATH, python: str | None = None, docker_gpus: bool = False) -> list[str]:
-    """Write the entry script to `path` (atomically, mode 0755) for `python` (default: this interpreter); with
+def native_entry() -> str | None:
+    """The native hook entry the package build compiled (`gpuhook/_native/gpuhook-entry`), None without one."""
+    import gpuhook
+
+    path = os.path.join(os.path.dirname(os.path.abspath(gpuhook.__file__ or "")), "_native", "gpuhook-entry")
+    return path if os.path.isfile(path) and os.access(path, os.X_OK) else None
+
+
+def install(path: str = DEFAULT_PATH, python: str | None = None, docker_gpus: bool = False,
+            native: bool = True, notes: list[str] | None = None) -> list[str]:
+    """Write the hook entry at `path` (atomically, mode 0755) for `python` (default: this interpreter); with
     `docker_gpus` also as nvidia-container-runtime-hook beside it, unless a file gpuhook did not write is there
-    (NVIDIA's own hook, say): then nothing is written and the error says why."""
+    (NVIDIA's own hook, say): then nothing is written and the error says why.
+
+    With the native entry built (and `native`), `path` is that binary and `path` + ".py" the Python entry script
+    it runs when no service listens; without one, `path` is the script itself (and `notes` says so)."""
     from gpuhook.errors import GpuhookError
     from gpuhook.fileio.atomic import write_atomic
 
     python = python or sys.executable
     paths = search_paths()
     text = entry_script(python, paths)
+    binary_path = native_entry() if native else None
+    if native and binary_path is None and notes is not None:
+        notes.append("the native entry was not built (no C compiler at install time?): wrote the Python entry, "
+                     "which does not use `gpuhook service`")
     targets = [os.path.abspath(path)]
     if docker_gpus:
         docker = docker_gpus_path(path)
-        if is_ours(docker) is False:
-            raise GpuhookError(f"{docker} exists and is not gpuhook's (NVIDIA's nvidia-container-toolkit installs "
-                               "one): not replaced. Remove that toolkit's hook to let gpuhook answer --gpus, or "
-                               "keep it and use gpuhook through CDI or --runtime gpuhook")
+        foreign = [p for p in (docker, docker + FALLBACK_SUFFIX) if is_ours(p) is False]
+        if foreign and (binary_path or foreign[0] == docker):
+            raise GpuhookError(f"{foreign[0]} exists and is not gpuhook's (NVIDIA's nvidia-container-toolkit "
+                               "installs one): not replaced. Remove that toolkit's hook to let gpuhook answer "
+                               "--gpus, or keep it and use gpuhook through CDI or --runtime gpuhook")
         if docker != targets[0]:
             targets.append(docker)
+    if binary_path:
+        for target in targets:
+            script = target + FALLBACK_SUFFIX
+            if is_ours(script) is False:
+                raise GpuhookError(f"{script} exists and is not gpuhook's: not replaced (the native entry at "
+                                   f"{target} runs it when no service listens)")
     _check(python, paths)
+    written: list[str] = []
+    binary = b""
+    if binary_path:
+        with open(binary_path, "rb") as f:
+            binary = f.read()
     for target in targets:
-        write_atomic(target, text.encode(), 0o755)
-    return targets
+        if binary:  # the script first: the binary is never there without what it falls back to
+            write_atomic(target + FALLBACK_SUFFIX, text.encode(), 0o755)
+            write_atomic(target, binary, 0o755)
+            written += [target, target + FALLBACK_SUFFIX]
+        else:
+            write_atomic(target, text.encode(), 0o755)
+            written.append(target)
+    return written

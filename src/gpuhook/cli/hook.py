@@ -47,7 +47,8 @@ for _stage in STAGES:
               help="Also write it as nvidia-container-runtime-hook beside --path, the program `docker run --gpus` "
                    "runs (restart dockerd afterwards: it looks the name up on its PATH at start).")
 def install(path: str, docker_gpus: bool) -> None:
-    """Write a hook entry script that starts this Python with -IS (no `site`): the fast way to run the hook.
+    """Write the hook entry: the native entry (it asks `gpuhook service`, else runs PATH.py) and PATH.py, a
+    script that starts this Python with -IS (no `site`); only the script where the native one was not built.
 
     Point the runtime's hook configuration (oci-hooks.d, config.json hooks) and `generate-cdi --hook-path` at it;
     it answers both `[--config FILE] [prestart|createRuntime]` and the CDI spec's `cdi-hook …` calls. Run it
@@ -55,8 +56,11 @@ def install(path: str, docker_gpus: bool) -> None:
     """
     from gpuhook.cli.entry import install as write_entry
 
-    for written in write_entry(path, docker_gpus=docker_gpus):
+    notes: list[str] = []
+    for written in write_entry(path, docker_gpus=docker_gpus, notes=notes):
         click.echo(f"gpuhook: wrote {written}")
+    for note in notes:
+        click.echo(f"gpuhook: note: {note}")
     if docker_gpus:
         click.echo("gpuhook: restart dockerd (it finds nvidia-container-runtime-hook on its PATH only at start); "
                    "the hook reads GPUHOOK_CONFIG from dockerd's environment, else /etc/gpuhook/config.toml")

@@ -173,12 +173,31 @@ def scan(roots: Roots) -> tuple[Inventory, bool]:
     return inv, False
 
 
+# A resident process (`gpuhook service`) keeps each whole inventory it loaded here, keyed by roots and cache path,
+# and reuses it while its fingerprint is current: the same check the file cache gets, without reading and
+# decoding the file at every start. None (every short-lived hook): off, the file is the only cache.
+_WARM: dict[tuple[Roots, str], Inventory] | None = None
+
+
+def keep_warm() -> None:
+    """Keep inventories in memory from now on (the service calls this once, before its first fork)."""
+    global _WARM
+    if _WARM is None:
+        _WARM = {}
+
+
 def inventory(roots: Roots, cache_path: str, notes: list[str] | None = None) -> Inventory:
     """The cached inventory while it is trusted and true, else a scan (stored when stable); `notes` gets one
-    line for a cache that was refused."""
+    line for a cache that was refused. With keep_warm(), the one in memory first, while its fingerprint holds."""
+    if _WARM is not None:
+        warm = _WARM.get((roots, cache_path))
+        if warm is not None and warm.fingerprint == fingerprint(roots):
+            return warm
     inv = load_fresh(cache_path, roots, notes)
     if inv is None:
         inv, stable = scan(roots)
         if stable and not inv.incomplete():
             store(cache_path, inv, notes)
+    if _WARM is not None and not inv.incomplete():
+        _WARM[(roots, cache_path)] = inv
     return inv

@@ -37,6 +37,7 @@ _FIELDS: dict[str, tuple[type, Any]] = {
     # NVIDIA's swarm-resource: a comma list of variables (DOCKER_RESOURCE_GPUS…) that name the devices when set
     "swarm_resource": (str, ""),
     "annotation_prefixes": (list, ("cdi.k8s.io/",)),  # NVIDIA's modes.cdi.annotation-prefixes
+    "service_socket": (str, "/run/gpuhook/service.sock"),  # `gpuhook service` listens here (service/server.py)
 }
 # NVIDIA's own spellings, accepted so that a config.toml carried over from the toolkit means the same here.
 _ALIASES = {"supported_driver_capabilities": "supported_capabilities",
@@ -50,7 +51,7 @@ class Config:
 
     __slots__ = ("driver_root", "dev_root", "proc_root", "ldconfig", "log_file", "accept_envvar_unprivileged",
                  "accept_volume_mounts", "disable_require", "_supported_capabilities", "inventory_cache",
-                 "swarm_resource", "annotation_prefixes", "source")
+                 "swarm_resource", "annotation_prefixes", "service_socket", "source")
     driver_root: str
     dev_root: str
     proc_root: str
@@ -63,6 +64,7 @@ class Config:
     inventory_cache: str
     swarm_resource: str
     annotation_prefixes: tuple[str, ...]
+    service_socket: str
     source: str
 
     def __init__(self, source: str = "(defaults)", **values: Any) -> None:

@@ -12,6 +12,10 @@ DEFAULT_PATH = "/usr/local/bin/gpuhook-hook"
 # `nvidia-container-runtime-hook prestart` (moby daemon/nvidia_linux.go): the same entry, under NVIDIA's name.
 DOCKER_GPUS_NAME = "nvidia-container-runtime-hook"
 MARKER = "# gpuhook's OCI hook (and CDI createContainer hook) entry, written by `gpuhook hook install`."
+# The native entry (_native/entry.c) at the hook path execs this beside it, the Python entry script, when no
+# service listens: `<path>.py`.
+FALLBACK_SUFFIX = ".py"
+_ELF_SCAN = 1 << 20  # the native entry holds MARKER in its read-only data, well within its first MiB
 
 
 def is_ours(path: str) -> bool | None:
@@ -25,6 +29,9 @@ def is_ours(path: str) -> bool | None:
         return False
     try:
         with open(path, "rb") as f:
-            return MARKER.encode() in f.read(1024)
+            head = f.read(1024)
+            if head.startswith(b"\x7fELF"):
+                head += f.read(_ELF_SCAN)
+            return MARKER.encode() in head
     except OSError:
         return False

@@ -19,6 +19,8 @@ from gpuhook.oci.bundle import load_bundle, parse_state, state_id
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from gpuhook.hook.config import Config
     from gpuhook.model.request import Request
 
@@ -68,8 +70,9 @@ def _parse_args(argv: list[str]) -> tuple[str | None, str]:
     return config, stage
 
 
-def run(state_text: bytes, config: Config) -> str:
-    """Handle one container; returns the log summary. Raises GpuhookError for a start that must fail."""
+def run(state_text: bytes, config: Config, check: Callable[[bytes], None] | None = None) -> str:
+    """Handle one container; returns the log summary. Raises GpuhookError for a start that must fail. `check`
+    vets the state right before a container is touched (never for one that asks for no GPU)."""
     state = parse_state(state_text)
     bundle = load_bundle(state.bundle)
     annotations = {**bundle.annotations, **state.annotations}
@@ -83,6 +86,8 @@ def run(state_text: bytes, config: Config) -> str:
     notes = "".join(f" ({n})" for n in request.notes)
     if not request.wants_gpu_setup:
         return f"{state.id} skip request={request.kind}{notes}"
+    if check is not None:
+        check(state_text)
     return f"{state.id} " + _inject(config, state.pid, bundle.rootfs, request) + notes
 
 
@@ -101,32 +106,51 @@ def _inject(config: Config, pid: int, rootfs: str, request: Request) -> str:
     return f"inject {planned.summary()} cgroup={cgroup}"
 
 
-def main(argv: list[str] | None = None) -> int:
-    """One container start: exit 0, or 1 with one `gpuhook-hook: ` line on stderr and the same text in the log
-    (errors.render: every failure, OSError and bugs included, is one escaped, bounded line)."""
-    start = time.monotonic()
-    config_path, _stage = _parse_args(sys.argv[1:] if argv is None else argv)
-    # Docker's --gpus runs the hook with dockerd's environment and no --config: GPUHOOK_CONFIG names the file then
-    from gpuhook.hook.config import CONFIG_ENV
+def config_path_for(argv: list[str], config_env: str | None) -> str | None:
+    """The config file a hook command line names: --config, else GPUHOOK_CONFIG (Docker's --gpus runs the hook
+    with dockerd's environment and no --config), else None (the default file). SystemExit for a bad argv."""
+    config_path, _stage = _parse_args(argv)
+    return config_path or config_env or None
 
-    config_path = config_path or os.environ.get(CONFIG_ENV) or None
+
+def handle(config_path: str | None, read_state: Callable[[], bytes], start: float,
+           load: Callable[[str | None], Config] | None = None,
+           check: Callable[[bytes], None] | None = None) -> tuple[int, str]:
+    """One container start, as `main` and `gpuhook service` run it: (exit status, the one stderr line or "").
+
+    Every failure (OSError and bugs included) is one escaped, bounded line (errors.render), the same text in the
+    log line; `load` reads the config (the service passes its warm one), `check` goes to run (the service: the
+    client's /proc/<pid> fd names the state's pid)."""
     log_file = "/var/log/gpuhook.log"
     state_text = b""
+    line = ""
     try:
-        state_text = sys.stdin.buffer.read()
-        from gpuhook.hook.config import load_config
-
-        config = load_config(config_path)
+        state_text = read_state()
+        if load is None:
+            from gpuhook.hook.config import load_config as load
+        config = load(config_path)
         log_file = config.log_file
-        summary, code = run(state_text, config), 0
+        summary, code = run(state_text, config, check), 0
     except Exception as exc:  # noqa: BLE001 - a bug still fails the start with one line, never a traceback
         from gpuhook.errors import render
 
         what = render(exc)
         summary, code = f"{state_id(state_text)} error: {what}", 1
-        print(f"gpuhook-hook: {what}", file=sys.stderr)
+        line = f"gpuhook-hook: {what}"
     elapsed = (time.monotonic() - start) * 1000
     append_log(log_file, f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {summary} took={elapsed:.1f}ms")
+    return code, line
+
+
+def main(argv: list[str] | None = None) -> int:
+    """One container start: exit 0, or 1 with one `gpuhook-hook: ` line on stderr and the same text in the log."""
+    start = time.monotonic()
+    from gpuhook.hook.config import CONFIG_ENV
+
+    config_path = config_path_for(sys.argv[1:] if argv is None else list(argv), os.environ.get(CONFIG_ENV))
+    code, line = handle(config_path, sys.stdin.buffer.read, start)
+    if line:
+        print(line, file=sys.stderr)
     return code
 
 

@@ -1,0 +1,164 @@
+"""The wire format between the native hook entry (`_native/entry.c`) and `gpuhook service`.
+
+One request and one answer per connection on a SOCK_STREAM unix socket:
+
+    request  = u32 header_len (big-endian) | header (JSON, UTF-8) | state (the OCI state bytes)
+    header   = {"v": 1, "argv": [hook arguments, argv[0] excluded], "state": len(state),
+                "config_env": $GPUHOOK_CONFIG of the client or null, "pid_fd": true when an fd came with it}
+    answer   = u32 exit_code | u32 stderr_len | stderr (one line, UTF-8, the hook's stderr; may be empty)
+
+The first message of a request may carry one SCM_RIGHTS descriptor: an O_DIRECTORY fd of /proc/<pid> the
+client opened for the container's process, so the service can check that the pid it reads from the state names
+that very process (a runtime in another PID namespace, or a pid reused meanwhile, would name another one).
+
+The answer is binary so the C side parses nothing but two integers; the header is JSON so the Python side needs
+no parser of its own. Every size is bounded (MAX_HEADER, MAX_STATE, MAX_ANSWER) and the whole request must
+arrive within REQUEST_TIMEOUT_S: the service refuses anything else in one line, never waits on a slow client
+longer, and a client bigger than the bounds is refused before any of its state is read.
+"""
+
+from __future__ import annotations
+
+import array
+import json
+import socket
+import struct
+import time
+
+from gpuhook.errors import GpuhookError, clip
+
+VERSION = 1
+MAX_HEADER = 64 << 10  # argv and a config path: far below this
+MAX_STATE = 1 << 20  # the OCI state: id, pid, bundle, annotations; the C entry reads at most this much
+MAX_ANSWER = 64 << 10
+REQUEST_TIMEOUT_S = 1.0  # a client has this long to send its whole request (the native entry sends at once)
+_U32 = struct.Struct(">I")
+
+
+class ProtocolError(GpuhookError):
+    """A request outside the format or its bounds: answered with one line, nothing run."""
+
+
+class Request:
+    """One decoded request: the hook's argv, the client's GPUHOOK_CONFIG, the OCI state, the /proc/<pid> fd."""
+
+    __slots__ = ("argv", "config_env", "state", "pid_fd")
+
+    def __init__(self, argv: list[str], config_env: str | None, state: bytes, pid_fd: int | None) -> None:
+        self.argv, self.config_env, self.state, self.pid_fd = argv, config_env, state, pid_fd
+
+
+def encode_request(argv: list[str], state: bytes, config_env: str | None = None, pid_fd: bool = False) -> bytes:
+    """The request bytes (what entry.c writes); the fd itself goes alongside with send_fds."""
+    header = json.dumps({"v": VERSION, "argv": list(argv), "state": len(state), "config_env": config_env,
+                         "pid_fd": pid_fd}).encode()
+    return _U32.pack(len(header)) + header + state
+
+
+def encode_answer(code: int, line: str) -> bytes:
+    data = line.encode(errors="replace")[:MAX_ANSWER]
+    return _U32.pack(code & 0xFFFFFFFF) + _U32.pack(len(data)) + data
+
+
+def decode_answer(data: bytes) -> tuple[int, str]:
+    """(exit code, stderr line) of a whole answer; ProtocolError when it is short or oversized."""
+    if len(data) < 8:
+        raise ProtocolError(f"short answer ({len(data)} bytes)")
+    code, size = _U32.unpack_from(data, 0)[0], _U32.unpack_from(data, 4)[0]
+    if size > MAX_ANSWER or len(data) != 8 + size:
+        raise ProtocolError(f"answer of {len(data)} bytes does not match its length {size}")
+    return code, data[8:].decode(errors="replace")
+
+
+def _parse_header(raw: bytes) -> tuple[list[str], str | None, int, bool]:
+    try:
+        header = json.loads(raw)
+    except ValueError:
+        raise ProtocolError("request header is not JSON") from None
+    if not isinstance(header, dict) or header.get("v") != VERSION:
+        version = clip(str(header.get("v") if isinstance(header, dict) else None), quote=False)
+        raise ProtocolError(f"request version {version} is not {VERSION}")
+    argv, config_env, size = header.get("argv"), header.get("config_env"), header.get("state")
+    if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
+        raise ProtocolError("request argv is not a list of strings")
+    if config_env is not None and not isinstance(config_env, str):
+        raise ProtocolError("request config_env is not a string")
+    if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= MAX_STATE:
+        raise ProtocolError(f"request state size {clip(str(size), quote=False)} is outside 0..{MAX_STATE}")
+    return argv, config_env, size, header.get("pid_fd") is True
+
+
+class _Reader:
+    """Reads exact byte counts from `conn` before a fixed deadline, collecting SCM_RIGHTS fds on the way."""
+
+    def __init__(self, conn: socket.socket, deadline: float) -> None:
+        self.conn, self.deadline, self.fds, self.buf = conn, deadline, [], b""
+
+    def read(self, size: int) -> bytes:
+        while len(self.buf) < size:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise ProtocolError(f"request not complete within {REQUEST_TIMEOUT_S:.1f} s")
+            self.conn.settimeout(left)
+            try:
+                data, ancdata, _flags, _addr = self.conn.recvmsg(min(size - len(self.buf), 1 << 16),
+                                                                 socket.CMSG_SPACE(4 * 4))
+            except socket.timeout:
+                raise ProtocolError(f"request not complete within {REQUEST_TIMEOUT_S:.1f} s") from None
+            for level, kind, payload in ancdata:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    fds = array.array("i")
+                    fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+                    self.fds.extend(fds)
+            if not data:
+                raise ProtocolError(f"request cut short after {len(self.buf)} of {size} bytes")
+            self.buf += data
+        out, self.buf = self.buf[:size], self.buf[size:]
+        return out
+
+
+def read_request(conn: socket.socket, timeout: float = REQUEST_TIMEOUT_S) -> Request:
+    """One whole request from `conn` within `timeout` seconds; ProtocolError (every fd received closed) else."""
+    import os
+
+    reader = _Reader(conn, time.monotonic() + timeout)
+    try:
+        size = _U32.unpack(reader.read(4))[0]
+        if size > MAX_HEADER:
+            raise ProtocolError(f"request header of {size} bytes is over {MAX_HEADER}")
+        argv, config_env, state_size, has_fd = _parse_header(reader.read(size))
+        state = reader.read(state_size)  # exact reads: anything a client sends after the state is never read
+    except BaseException:
+        for fd in reader.fds:
+            os.close(fd)
+        raise
+    fds = reader.fds
+    for fd in fds[1:]:  # one fd is the format; any more are closed, never used
+        os.close(fd)
+    pid_fd = fds[0] if fds and has_fd else None
+    if fds and not has_fd:
+        os.close(fds[0])
+    return Request(argv, config_env, state, pid_fd)
+
+
+def send_request(sock: socket.socket, argv: list[str], state: bytes, config_env: str | None = None,
+                 pid_fd: int | None = None) -> None:
+    """What the native entry does, for tests and Python clients: the request, the fd on its first message."""
+    data = encode_request(argv, state, config_env, pid_fd is not None)
+    if pid_fd is not None:
+        sent = sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [pid_fd]))])
+        data = data[sent:]
+    sock.sendall(data)
+
+
+def recv_answer(sock: socket.socket) -> tuple[int, str]:
+    """The whole answer (until the service closes), decoded."""
+    chunks = []
+    while True:
+        data = sock.recv(1 << 16)
+        if not data:
+            break
+        chunks.append(data)
+        if sum(map(len, chunks)) > MAX_ANSWER + 8:
+            raise ProtocolError("answer over its bound")
+    return decode_answer(b"".join(chunks))

@@ -1,0 +1,401 @@
+"""`gpuhook service` and the native hook entry (issue 21): the protocol's bounds, who may talk to the service,
+a runc start through it giving the container the in-process hook gives, and every way the service can fail a
+client (stopped, hung, dead after accepting) ending as the safety rules say: fall back only before a request
+was sent, otherwise one line and exit 1, never a second injection."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.e2e import need_root, need_tool
+from support.glibc import glibc_rootfs
+from support.runc import make_bundle, need_busybox, runc_run, unique_id
+from test_hook_e2e import PROBE, nodes, write_config
+
+from gpuhook.cli import entry as hook_entry
+from gpuhook.service import protocol
+
+NEEDS_NATIVE = pytest.mark.skipif(hook_entry.native_entry() is None, reason="the native entry was not built")
+HOOK_PATH_ENV = "PATH=/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def state(bundle: Path, cid: str = "c1", pid: int = 1) -> bytes:
+    return json.dumps({"ociVersion": "1.0.2", "id": cid, "pid": pid, "status": "creating",
+                       "bundle": str(bundle)}).encode()  # fmt: skip
+
+
+def plain_bundle(tmp: Path, env: list[str]) -> Path:
+    bundle = tmp / "plain-bundle"
+    (bundle / "rootfs").mkdir(parents=True, exist_ok=True)
+    (bundle / "config.json").write_text(json.dumps({"root": {"path": "rootfs"},
+                                                    "process": {"env": ["PATH=/bin", *env]}}))
+    return bundle
+
+
+# --- the protocol -----------------------------------------------------------------------------------------------
+
+
+def _pair() -> tuple[socket.socket, socket.socket]:
+    return socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+
+
+def test_request_round_trip_with_the_pid_fd() -> None:
+    client, server = _pair()
+    fd = os.open("/proc/self", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        protocol.send_request(client, ["--config", "/x.toml", "prestart"], b'{"pid": 1}', "/env.toml", pid_fd=fd)
+        request = protocol.read_request(server)
+    finally:
+        os.close(fd)
+    assert request.argv == ["--config", "/x.toml", "prestart"] and request.config_env == "/env.toml"
+    assert request.state == b'{"pid": 1}' and request.pid_fd is not None
+    assert os.path.samestat(os.fstat(request.pid_fd), os.stat("/proc/self"))
+    os.close(request.pid_fd)
+    assert protocol.decode_answer(protocol.encode_answer(1, "gpuhook-hook: no")) == (1, "gpuhook-hook: no")
+
+
+def _framed(header: bytes) -> bytes:
+    return len(header).to_bytes(4, "big") + header
+
+
+@pytest.mark.parametrize(("raw", "why"), [
+    ((protocol.MAX_HEADER + 1).to_bytes(4, "big"), "header of .* bytes is over"),
+    (_framed(b"hello"), "not JSON"),
+    (_framed(b'{"v": 99}'), "version 99 is not 1"),
+    (_framed(b'{"v": 1, "argv": [], "state": 1073741824}'), "state size 1073741824 is outside"),
+    (_framed(b'{"v": 1, "argv": [1], "state": 0}'), "argv is not a list of strings"),
+    (_framed(b'{"v": 1, "argv": [], "state": 9}'), "cut short after 0 of 9 bytes"),
+])  # fmt: skip
+def test_requests_outside_the_bounds_are_refused(raw: bytes, why: str) -> None:
+    client, server = _pair()
+    client.sendall(raw)
+    client.shutdown(socket.SHUT_WR)
+    with pytest.raises(protocol.ProtocolError, match=why):
+        protocol.read_request(server)
+
+
+def test_a_slow_client_is_timed_out() -> None:
+    client, server = _pair()
+    client.sendall(b"\0\0")  # half a length, then nothing
+    start = time.monotonic()
+    with pytest.raises(protocol.ProtocolError, match="not complete within"):
+        protocol.read_request(server, timeout=0.3)
+    assert time.monotonic() - start < 2
+
+
+def test_extra_descriptors_are_closed_never_kept() -> None:
+    client, server = _pair()
+    import array
+
+    fds = [os.open("/dev/null", os.O_RDONLY) for _ in range(3)]
+    data = protocol.encode_request([], b"", pid_fd=True)
+    client.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+    before = set(os.listdir("/proc/self/fd"))
+    request = protocol.read_request(server)
+    assert request.pid_fd is not None
+    os.close(request.pid_fd)
+    assert set(os.listdir("/proc/self/fd")) <= before
+    for fd in fds:
+        os.close(fd)
+
+
+# --- the running service ----------------------------------------------------------------------------------------
+
+
+class Running:
+    def __init__(self, proc: subprocess.Popen[bytes], sock: Path, log: Path) -> None:
+        self.proc, self.sock, self.log = proc, sock, log
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=20)
+
+
+def start_service(tmp: Path, config: Path) -> Running:
+    sock = tmp / "run" / "service.sock"
+    log = tmp / "service.err"
+    gpuhook = Path(sys.executable).with_name("gpuhook")
+    with open(log, "wb") as err:
+        proc = subprocess.Popen([str(gpuhook), "service", "--config", str(config), "--socket", str(sock)],
+                                stdin=subprocess.DEVNULL, stdout=err, stderr=err)
+    deadline = time.monotonic() + 30
+    while not sock.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"service did not start: {log.read_text()}")
+        time.sleep(0.02)
+    return Running(proc, sock, log)
+
+
+@pytest.fixture()
+def root_tmp(tmp_path: Path) -> Path:
+    need_root()
+    return tmp_path
+
+
+@pytest.fixture()
+def service(root_tmp: Path) -> Iterator[Running]:
+    running = start_service(root_tmp, write_config(root_tmp, Path("/")))
+    yield running
+    running.stop()
+
+
+def ask(sock: Path, argv: list[str], body: bytes, pid_fd: int | None = None) -> tuple[int, str]:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.connect(str(sock))
+        protocol.send_request(conn, argv, body, pid_fd=pid_fd)
+        return protocol.recv_answer(conn)
+
+
+def test_the_pid_fd_must_name_the_states_process(service: Running, root_tmp: Path) -> None:
+    """The client's /proc/<pid> fd and the state's pid must be one process (same mount namespace) here."""
+    config = ["--config", str(root_tmp / "config.toml")]
+    body = state(plain_bundle(root_tmp, ["NVIDIA_VISIBLE_DEVICES=all"]), cid="pidfd", pid=os.getpid())
+    other = subprocess.Popen(["unshare", "-m", "sleep", "30"])  # another mount namespace: "another process"
+    try:
+        time.sleep(0.2)
+        fd = os.open(f"/proc/{other.pid}", os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            code, line = ask(service.sock, config, body, pid_fd=fd)
+        finally:
+            os.close(fd)
+    finally:
+        other.kill()
+        other.wait()
+    assert code == 1 and line.startswith(f"gpuhook-hook: container process {os.getpid()} of the state is another")
+    assert " pidfd error: container process" in (root_tmp / "gpuhook.log").read_text()
+
+
+def test_socket_is_root_only_and_removed_at_stop(service: Running) -> None:
+    assert stat.S_IMODE(service.sock.stat().st_mode) == 0o600 and stat.S_ISSOCK(service.sock.stat().st_mode)
+    assert stat.S_IMODE(service.sock.parent.stat().st_mode) == 0o700
+    service.stop()
+    assert service.proc.returncode == 0 and not service.sock.exists()
+
+
+def test_no_gpu_request_is_one_round_trip_logged_as_skip(service: Running, root_tmp: Path) -> None:
+    code, line = ask(service.sock, ["--config", str(root_tmp / "config.toml"), "prestart"],
+                     state(plain_bundle(root_tmp, []), cid="nogpu"))
+    assert (code, line) == (0, "")
+    (logged,) = (root_tmp / "gpuhook.log").read_text().splitlines()
+    assert " nogpu skip request=unset took=" in logged
+
+
+def test_errors_are_the_hooks_own_line(service: Running, root_tmp: Path) -> None:
+    code, line = ask(service.sock, ["--config", str(root_tmp / "config.toml")], state(root_tmp / "gone", cid="gone"))
+    assert code == 1 and line.startswith("gpuhook-hook: ") and str(root_tmp / "gone") in line
+    assert " gone error: " in (root_tmp / "gpuhook.log").read_text()  # the same line in the log, as in-process
+    code, line = ask(service.sock, ["--bogus"], b"")
+    assert code == 1 and line.startswith("gpuhook-hook: unexpected argument '--bogus'")
+    code, line = ask(service.sock, ["--config", str(root_tmp / "config.toml")], b"{not json")
+    assert code == 1 and line.startswith("gpuhook-hook: ") and "\n" not in line
+
+
+@NEEDS_NATIVE
+def test_a_non_root_peer_is_refused_even_on_an_open_socket(service: Running, root_tmp: Path) -> None:
+    """The mode bits are the first wall; SO_PEERCRED the second: opened up by mistake, it still says no. The
+    client is the native entry run as uid 65534 (this interpreter lives where that uid cannot reach)."""
+    service.sock.parent.chmod(0o755)
+    service.sock.chmod(0o666)
+    body = state(plain_bundle(root_tmp, []))
+    public = Path(tempfile.mkdtemp(prefix="gpuhook-svc-"))  # pytest's 0700 tmp is closed to uid 65534
+    folder = os.open(service.sock.parent, os.O_PATH | os.O_DIRECTORY)  # ... so it reaches the socket through this
+    try:
+        public.chmod(0o755)
+        client = public / "gpuhook-hook"
+        shutil.copy(str(hook_entry.native_entry()), client)
+        result = subprocess.run([str(client), "prestart"], input=body, capture_output=True, user=65534, group=65534,
+                                env={"GPUHOOK_SERVICE_SOCKET": f"/proc/self/fd/{folder}/{service.sock.name}"},
+                                pass_fds=(folder,), timeout=60, check=False)
+    finally:
+        os.close(folder)
+        shutil.rmtree(public)
+    assert (result.returncode, result.stderr) == (1, b"gpuhook-hook: service: refused: peer uid 65534 is not root\n")
+    assert not (root_tmp / "gpuhook.log").exists()  # nothing ran
+    assert "refused a connection from uid 65534" in service.log.read_text()
+
+
+def test_a_second_service_on_the_same_socket_is_refused(service: Running, root_tmp: Path) -> None:
+    gpuhook = Path(sys.executable).with_name("gpuhook")
+    result = subprocess.run([str(gpuhook), "service", "--socket", str(service.sock)], capture_output=True,
+                            text=True, timeout=60, check=False)
+    assert result.returncode == 1 and result.stderr == f"gpuhook service: a service already listens on {service.sock}\n"
+
+
+def test_systemd_socket_activation(root_tmp: Path) -> None:
+    """LISTEN_FDS=1 with our pid in LISTEN_PID: fd 3 is the socket, nothing is bound at the config's path."""
+    sock_path = root_tmp / "activated.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(sock_path))
+    listener.listen(8)
+    config = write_config(root_tmp, Path("/"), service_socket=str(root_tmp / "unused" / "s.sock"))
+    code = (f"import os, sys; os.dup2({listener.fileno()}, 3); os.environ['LISTEN_FDS'] = '1'; "
+            "os.environ['LISTEN_PID'] = str(os.getpid()); from gpuhook.service.server import main; "
+            f"sys.exit(main({str(config)!r}, None))")  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=(listener.fileno(),))
+    try:
+        answer = ask(sock_path, ["--config", str(config)], state(plain_bundle(root_tmp, []), cid="activated"))
+        assert answer == (0, "")
+        assert " activated skip request=unset" in (root_tmp / "gpuhook.log").read_text()
+        assert not (root_tmp / "unused").exists()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+        listener.close()
+
+
+# --- the native entry against a service -------------------------------------------------------------------------
+
+
+@pytest.fixture()
+def native(root_tmp: Path) -> Path:
+    """The native entry at bin/gpuhook-hook with its Python entry at bin/gpuhook-hook.py."""
+    if hook_entry.native_entry() is None:
+        pytest.skip("the native entry was not built")
+    return Path(hook_entry.install(str(root_tmp / "bin" / "gpuhook-hook"))[0])
+
+
+def no_fallback(entry: Path, marker: Path) -> None:
+    """Replace the Python entry with one that only leaves a mark: any fallback shows."""
+    script = entry.with_name(entry.name + ".py")
+    script.write_text(f"#!/bin/sh\necho ran >> {marker}\necho 'gpuhook-hook: fallback ran' >&2\nexit 3\n")
+
+
+def run_native(entry: Path, sock: Path, args: list[str], body: bytes, timeout_ms: int | None = None,
+               ) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": "/usr/bin:/bin", "GPUHOOK_SERVICE_SOCKET": str(sock)}
+    if timeout_ms:
+        env["GPUHOOK_SERVICE_TIMEOUT_MS"] = str(timeout_ms)
+    result = subprocess.run([str(entry), *args], input=body, capture_output=True, env=env, timeout=60, check=False)
+    return subprocess.CompletedProcess(result.args, result.returncode, result.stdout.decode(errors="replace"),
+                                       result.stderr.decode(errors="replace"))
+
+
+def test_native_no_gpu_through_the_service_never_falls_back(native: Path, service: Running, root_tmp: Path) -> None:
+    marker = root_tmp / "fallback-ran"
+    no_fallback(native, marker)
+    result = run_native(native, service.sock, ["--config", str(root_tmp / "config.toml"), "prestart"],
+                        state(plain_bundle(root_tmp, []), cid="native-nogpu", pid=os.getpid()))
+    assert (result.returncode, result.stderr) == (0, "")
+    assert " native-nogpu skip request=unset took=" in (root_tmp / "gpuhook.log").read_text()
+    assert not marker.exists()
+    result = run_native(native, service.sock, ["--config", str(root_tmp / "config.toml")], state(root_tmp / "gone"))
+    assert result.returncode == 1 and result.stderr.count("\n") == 1 and str(root_tmp / "gone") in result.stderr
+
+
+def test_native_falls_back_when_nothing_listens(native: Path, root_tmp: Path) -> None:
+    """No socket (ENOENT) and a dead service's socket file (ECONNREFUSED): today's Python entry, same result."""
+    config = write_config(root_tmp, Path("/"))
+    stale = root_tmp / "stale.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.bind(str(stale))  # bound, never listening: connect gets ECONNREFUSED
+        for n, sock in enumerate((root_tmp / "nothing" / "s.sock", stale)):
+            result = run_native(native, sock, ["--config", str(config), "prestart"],
+                                state(plain_bundle(root_tmp, []), cid=f"fallback{n}"))
+            assert (result.returncode, result.stderr) == (0, "")
+    log = (root_tmp / "gpuhook.log").read_text()
+    assert " fallback0 skip request=unset" in log and " fallback1 skip request=unset" in log
+
+
+def _fake_service(sock: Path, behaviour: str) -> tuple[socket.socket, threading.Thread, list[bytes]]:
+    """A server that accepts one connection and then hangs ("hang") or reads the request and dies ("die")."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(sock))
+    listener.listen(1)
+    got: list[bytes] = []
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        if behaviour == "die":
+            request = protocol.read_request(conn)
+            got.append(request.state)
+            conn.close()
+        else:
+            time.sleep(3)
+            conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return listener, thread, got
+
+
+def test_a_hung_service_fails_the_start_in_one_line_within_the_timeout(native: Path, root_tmp: Path) -> None:
+    marker = root_tmp / "fallback-ran"
+    no_fallback(native, marker)
+    listener, thread, _ = _fake_service(root_tmp / "hung.sock", "hang")
+    start = time.monotonic()
+    result = run_native(native, root_tmp / "hung.sock", ["prestart"], b'{"id": "x", "pid": 1}', timeout_ms=400)
+    took = time.monotonic() - start
+    listener.close()
+    assert result.returncode == 1 and not marker.exists()
+    assert result.stderr == f"gpuhook-hook: service {root_tmp / 'hung.sock'} gave no answer within 400 ms: " \
+                            "the start fails\n"
+    assert took < 2.5  # the timeout, not the server's 3 s
+
+
+def test_a_service_dying_after_accepting_is_never_retried_in_process(native: Path, root_tmp: Path) -> None:
+    marker = root_tmp / "fallback-ran"
+    no_fallback(native, marker)
+    listener, thread, got = _fake_service(root_tmp / "dies.sock", "die")
+    body = b'{"id": "x", "pid": 1}'
+    result = run_native(native, root_tmp / "dies.sock", ["prestart"], body)
+    thread.join(5)
+    listener.close()
+    assert got == [body]  # the request reached the service whole ...
+    assert result.returncode == 1 and not marker.exists()  # ... so no second try in-process
+    assert result.stderr == f"gpuhook-hook: service {root_tmp / 'dies.sock'} closed without an answer: " \
+                            "the start fails\n"
+
+
+# --- a real container ---------------------------------------------------------------------------------------------
+
+
+def _runc_start(tmp: Path, entry: Path, config: Path, sock: Path, env: list[str], name: str) -> Any:
+    work = tmp / name
+    rootfs = glibc_rootfs(work, probe_cache=tmp / "probe")
+    hook = {"path": str(entry), "args": ["gpuhook-hook", "--config", str(config), "prestart"],
+            "env": [HOOK_PATH_ENV, f"GPUHOOK_SERVICE_SOCKET={sock}"]}
+    bundle = make_bundle(work, rootfs, ["sh", "-c", PROBE], env=env, hooks={"prestart": [hook]})
+    return runc_run(bundle, unique_id("svc"))
+
+
+@pytest.mark.e2e
+def test_runc_start_through_the_service_gives_the_same_container(native: Path, root_tmp: Path,
+                                                                   fake_driver: Any) -> None:
+    need_tool("runc")
+    need_busybox()
+    config = write_config(root_tmp, Path(fake_driver.root))
+    env = ["NVIDIA_VISIBLE_DEVICES=1"]
+    fallback = _runc_start(root_tmp, native, config, root_tmp / "run" / "service.sock", env, "fallback")
+    assert fallback.returncode == 0, fallback.stderr
+    running = start_service(root_tmp, config)
+    try:
+        marker = root_tmp / "fallback-ran"
+        script = native.with_name(native.name + ".py")
+        kept = script.read_text()
+        no_fallback(native, marker)  # from here on the service must answer
+        served = _runc_start(root_tmp, native, config, running.sock, env, "served")
+        assert served.returncode == 0, served.stderr
+        assert not marker.exists()
+        script.write_text(kept)
+    finally:
+        running.stop()
+    assert nodes(served.stdout) == nodes(fallback.stdout) == ["nvidia-uvm", "nvidia-uvm-tools", "nvidia1",
+                                                              "nvidiactl"]
+    assert served.stdout == fallback.stdout  # the same nodes, mounts, links, ld cache and CUDA view
+    log = (root_tmp / "gpuhook.log").read_text().splitlines()
+    assert len(log) == 2 and all(" inject devices=" in line and " took=" in line for line in log)
