@@ -2,4 +2,5 @@
 (tests/support/realfix.py) and the end-to-end gate."""
 
 from support.fakefix import *  # noqa: F401,F403
+from support.kubeletfix import *  # noqa: F401,F403
 from support.realfix import *  # noqa: F401,F403

@@ -6,7 +6,6 @@ import contextlib
 import logging
 import os
 import re
-import shutil
 import signal
 import threading
 import time
@@ -16,7 +15,7 @@ from typing import Any
 
 import grpc
 import pytest
-from support.kubelet import PluginProcess, TestKubelet, health, short_tempdir
+from support.kubelet import PluginProcess, TestKubelet, health
 
 from gpuhook.cdi import codec
 from gpuhook.discover import Inventory, Roots, discover
@@ -28,19 +27,6 @@ from gpuhook.plugin.lifecycle import Plugin, PluginConfig
 GPU = "nvidia.com/gpu"
 ALL_STRATEGIES = ("cdi-cri", "envvar", "volume-mounts", "cdi-annotations")
 FAST_HEALTH = HealthConfig(recovery_window=0.5, interval=0.05, event_wait_ms=20)
-
-
-@pytest.fixture
-def workdir() -> Iterator[str]:
-    path = short_tempdir()
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-def kubelet(workdir: str) -> Iterator[TestKubelet]:
-    with TestKubelet(os.path.join(workdir, "dp")) as k:
-        yield k
 
 
 def inventory(fake: Any) -> Inventory:

@@ -6,15 +6,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 import yaml
-from support.kubelet import PluginProcess, TestKubelet, short_tempdir
+from support.kubelet import PluginProcess, TestKubelet
 from test_plugin import plugin_args, running, uuids
 
 from gpuhook.errors import ConfigError
@@ -222,19 +220,6 @@ def test_bad_environment_is_one_usage_line(monkeypatch: pytest.MonkeyPatch, tmp_
 
 
 # -- the plugin, driven by a test kubelet --------------------------------------------------------------------------
-
-
-@pytest.fixture
-def workdir() -> Iterator[str]:
-    path = short_tempdir()
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-def kubelet(workdir: str) -> Iterator[TestKubelet]:
-    with TestKubelet(os.path.join(workdir, "dp")) as k:
-        yield k
 
 
 def options_from(text: str, **extra: Any) -> Options:

@@ -14,7 +14,7 @@ import pytest
 from support.containerd import private_containerd
 from support.glibc import glibc_rootfs
 from support.kubelet import TestKubelet
-from test_plugin import kubelet, running, workdir  # noqa: F401 - kubelet and workdir are fixtures
+from test_plugin import running
 
 from gpuhook.plugin.devices import Options
 
@@ -23,7 +23,7 @@ SHIM = str(Path(sys.executable).with_name("gpuhook-runtime"))
 PROBE = "ls /dev | grep nvidia | sort | tr '\\n' ' '"
 
 
-def test_allocated_gpu_reaches_a_containerd_1_6_container(fake_driver: Any, kubelet: TestKubelet,  # noqa: F811
+def test_allocated_gpu_reaches_a_containerd_1_6_container(fake_driver: Any, kubelet: TestKubelet,
                                                           tmp_path: Path) -> None:
     config = tmp_path / "config.toml"
     config.write_text(f'driver-root = "{fake_driver.root}"\nproc-root = "{fake_driver.root}/proc"\n'

@@ -6,13 +6,11 @@ wired (runtime-config/containerd-1.6-shim.toml)."""
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
 import subprocess
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
+from .daemon import daemon_process, wait_ready
 from .e2e import need_root, need_tool
 
 
@@ -45,30 +43,9 @@ def private_containerd(root: Path, env: Mapping[str, str] | None = None) -> Iter
                       'disabled_plugins = ["io.containerd.grpc.v1.cri"]\n'
                       f'[grpc]\n  address = "{root}/containerd.sock"\n'
                       f'[ttrpc]\n  address = "{root}/containerd.sock.ttrpc"\n')
-    log = open(root / "containerd.log", "wb")  # noqa: SIM115 - closed in finally
     environ = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", **(env or {})}
-    proc = subprocess.Popen([binary, "--config", str(config)], stdout=log, stderr=subprocess.STDOUT, env=environ,
-                            start_new_session=True)
-    daemon = Containerd(root, proc.pid)
-    try:
-        deadline = time.monotonic() + 30
-        while daemon.ctr("version", timeout=10).returncode != 0:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError("containerd did not start: " + (root / "containerd.log").read_text()[-2000:])
-            time.sleep(0.2)
+    with daemon_process([binary, "--config", str(config)], environ, root, "containerd.log") as proc:
+        daemon = Containerd(root, proc.pid)
+        wait_ready(proc, lambda: daemon.ctr("version", timeout=10).returncode == 0, "containerd",
+                   root / "containerd.log", 30)
         yield daemon
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-        log.close()
-        prefix = str(root) + "/"
-        with open("/proc/self/mountinfo") as f:
-            points = [line.split()[4] for line in f if line.split()[4].startswith(prefix)]
-        for point in sorted(points, key=len, reverse=True):
-            subprocess.run(["umount", "-l", point], check=False, capture_output=True)

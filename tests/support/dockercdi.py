@@ -17,15 +17,14 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
-import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
 
-from .dockerd import Dockerd, _unmount_below
+from .daemon import daemon_process, wait_ready
+from .dockerd import Dockerd
 from .e2e import need, need_root
 
 CACHE_ENV = "GPUHOOK_DOCKER_CDI_CACHE"
@@ -107,25 +106,8 @@ def private_cdi_dockerd(tree: DockerTree, root: Path, daemon_json: Mapping[str, 
             "--config-file", str(config), "--bridge=none", "--iptables=false", "--ip6tables=false",
             "--ip-masq=false", "--storage-driver", "vfs", "--containerd-namespace", "gpuhook-cdi-test",
             "--containerd-plugins-namespace", "gpuhook-cdi-test-plugins"]
-    log_path = root / "dockerd.log"
-    log = open(log_path, "wb")  # noqa: SIM115 - closed in finally
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=environ, start_new_session=True)
-    daemon = CdiDockerd(root, proc.pid, tree.client, client_config)
-    try:
-        deadline = time.monotonic() + 90
-        while daemon.docker("version", timeout=10).returncode != 0:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"{tree.dockerd} did not start: " + log_path.read_text()[-3000:])
-            time.sleep(0.3)
+    with daemon_process(argv, environ, root, "dockerd.log") as proc:
+        daemon = CdiDockerd(root, proc.pid, tree.client, client_config)
+        wait_ready(proc, lambda: daemon.docker("version", timeout=10).returncode == 0, str(tree.dockerd),
+                   root / "dockerd.log", 90)
         yield daemon
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)  # its session: the containerd it started, the shims
-            proc.wait(timeout=10)
-        log.close()
-        _unmount_below(root)

@@ -10,13 +10,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import tarfile
-import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+from .daemon import daemon_process, wait_ready
 from .e2e import need, need_root, need_tool
 
 DOCKER_CLIENT = "/usr/bin/docker"  # Debian's, the daemon's own version (a newer client may sit in /usr/local/bin)
@@ -64,33 +63,10 @@ def private_dockerd(root: Path, path_dirs: list[str], daemon_json: Mapping[str, 
             "--config-file", str(config), "--bridge=none", "--iptables=false", "--ip6tables=false",
             "--ip-masq=false", "--storage-driver", "vfs", "--containerd-namespace", "gpuhook-test",
             "--containerd-plugins-namespace", "gpuhook-test-plugins"]
-    log = open(root / "dockerd.log", "wb")  # noqa: SIM115 - closed in finally
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=environ, start_new_session=True)
-    daemon = Dockerd(root, proc.pid)
-    try:
-        deadline = time.monotonic() + 60
-        while daemon.docker("version", timeout=10).returncode != 0:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError("dockerd did not start: " + (root / "dockerd.log").read_text()[-2000:])
-            time.sleep(0.3)
+    with daemon_process(argv, environ, root, "dockerd.log") as proc:
+        daemon = Dockerd(root, proc.pid)
+        wait_ready(proc, lambda: daemon.docker("version", timeout=10).returncode == 0, "dockerd",
+                   root / "dockerd.log", 60)
         yield daemon
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-        log.close()
-        _unmount_below(root)
 
 
-def _unmount_below(root: Path) -> None:
-    """Whatever the daemon left mounted under its roots (it unmounts on a clean stop; a crash may not)."""
-    prefix = str(root) + "/"
-    with open("/proc/self/mountinfo") as f:
-        points = [line.split()[4] for line in f if line.split()[4].startswith(prefix)]
-    for point in sorted(points, key=len, reverse=True):
-        subprocess.run(["umount", "-l", point], check=False, capture_output=True)
