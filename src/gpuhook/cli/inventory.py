@@ -24,12 +24,9 @@ def resolve_roots(driver_root: str | None, dev_root: str | None, proc_root: str 
     from gpuhook.discover.roots import Roots
 
     if config is None:
-        from gpuhook.hook.config import Config, load_config
+        from gpuhook.hook.config import Config
 
-        try:
-            config = load_config(None)
-        except GpuhookError:
-            config = Config()
+        config = hook_config() or Config()
     roots = Roots.make(driver_root or config.driver_root, dev_root or (None if driver_root else config.dev_root)
                        or None, proc_root or config.proc_root)
     own = os.path.join(roots.driver_root, "proc", "driver", "nvidia")
@@ -43,8 +40,11 @@ def resolve_roots(driver_root: str | None, dev_root: str | None, proc_root: str 
 def load_inventory(driver_root: str | None, dev_root: str | None, proc_root: str | None,
                    discovery: str = "auto", inventory_cache: str | None = "") -> Inventory:
     """Discover, or with a cache (only for --discovery auto, what the cache holds) load it while it is true."""
-    roots = resolve_roots(driver_root, dev_root, proc_root)
-    path = _cache_path(inventory_cache, roots) if discovery == "auto" else ""
+    from gpuhook.hook.config import Config
+
+    config = hook_config()
+    roots = resolve_roots(driver_root, dev_root, proc_root, config or Config())
+    path = _cache_path(inventory_cache, roots, config) if discovery == "auto" else ""
     if path:
         import sys
 
@@ -60,16 +60,24 @@ def load_inventory(driver_root: str | None, dev_root: str | None, proc_root: str
     return discover(roots, method=discovery)
 
 
-def _cache_path(option: str | None, roots: Roots) -> str:
-    """The cache a command uses: the one given, else the hook's own when it describes these very roots."""
-    if option is not None:
-        return option
-    from gpuhook.discover.roots import Roots
+def hook_config() -> Config | None:
+    """The hook's own config file (/etc/gpuhook/config.toml), read once per command; None if it does not load
+    (doctor reports why; every other command then works from the defaults and uses no cache of the hook's)."""
     from gpuhook.hook.config import load_config
 
     try:
-        config = load_config(None)
+        return load_config(None)
     except GpuhookError:
+        return None
+
+
+def _cache_path(option: str | None, roots: Roots, config: Config | None) -> str:
+    """The cache a command uses: the one given, else the hook's own when it describes these very roots."""
+    if option is not None:
+        return option
+    if config is None:
         return ""
+    from gpuhook.discover.roots import Roots
+
     configured = Roots.make(config.driver_root, config.dev_root or None, config.proc_root)
     return config.inventory_cache if configured == roots else ""

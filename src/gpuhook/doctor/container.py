@@ -243,7 +243,8 @@ def explain(inp: ContainerInput, inv: Inventory | None, config: Config) -> tuple
 
 def _requirements(steps: _Steps, inv: Inventory, request: Request, env: Mapping[str, str],
                   devices: Sequence[Gpu | MigDevice]) -> bool:
-    """One step per constraint (require.check on each alone, so every unmet one is named); True if one fails."""
+    """One step per constraint (each evaluated alone, as require.check does, so every unmet one is named); True if
+    one fails."""
     asked = requirement_keys(env)
     if asked and not request.requirements:
         why = DISABLE_REQUIRE if is_true(env.get(DISABLE_REQUIRE)) else "disable-require in the config"
@@ -252,8 +253,11 @@ def _requirements(steps: _Steps, inv: Inventory, request: Request, env: Mapping[
     failed = False
     for constraint in request.requirements:
         try:
-            require.check(inv, (constraint,), tuple(devices))
-            outcomes = require.outcomes(inv, (constraint,), tuple(devices))
+            outcomes = []
+            for outcome in require.outcomes(inv, (constraint,), tuple(devices)):  # stops where check stops
+                if not outcome.held:
+                    raise RequirementError(require.unsatisfied_message(outcome))
+                outcomes.append(outcome)
         except RequirementError as exc:
             failed = True
             steps.add(PROBLEM, f"the start would fail: {exc}",

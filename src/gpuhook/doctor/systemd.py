@@ -3,11 +3,10 @@ containers ("Failed to initialize NVML: Unknown Error"), and the one command tha
 
 from __future__ import annotations
 
-import json
 import os
 
 from gpuhook.doctor.model import OK, WARN, Finding
-from gpuhook.doctor.runtimes import Paths
+from gpuhook.doctor.runtimes import Paths, _json, _toml
 from gpuhook.model.inventory import Inventory
 from gpuhook.system.devchar import DEFAULT_DEV_CHAR, missing_links
 
@@ -15,14 +14,9 @@ RUN_SYSTEMD = "/run/systemd/system"  # present when systemd is PID 1 (sd_booted)
 
 
 def _containerd_systemd(path: str) -> bool:
-    try:
-        from gpuhook.fileio.tomlfile import tomllib
-
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except (OSError, ValueError):
-        return False
-    stack: list[object] = [data]
+    """SystemdCgroup = true anywhere in containerd's config (a runtime's options, whatever the config version)."""
+    data, _error = _toml(path)  # an unreadable file is check_containerd's finding, not this one's
+    stack: list[object] = [data or {}]
     while stack:
         item = stack.pop()
         if isinstance(item, dict):
@@ -33,12 +27,8 @@ def _containerd_systemd(path: str) -> bool:
 
 
 def _docker_systemd(path: str) -> bool:
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return False
-    opts = data.get("exec-opts") if isinstance(data, dict) else None
+    data, _error = _json(path)
+    opts = (data or {}).get("exec-opts")
     return isinstance(opts, list) and "native.cgroupdriver=systemd" in opts
 
 

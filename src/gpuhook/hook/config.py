@@ -34,8 +34,9 @@ _FIELDS: dict[str, tuple[type, Any]] = {
     "disable_require": (bool, False),
     "supported_capabilities": (tuple, None),
     "inventory_cache": (str, "/run/gpuhook/inventory.json"),  # empty: rediscover on every start
-    # NVIDIA's swarm-resource: a comma list of variables (DOCKER_RESOURCE_GPUS…) that name the devices when set
-    "swarm_resource": (str, ""),
+    # NVIDIA's swarm-resource: variables (DOCKER_RESOURCE_GPUS…) that name the devices when set; written as NVIDIA
+    # writes it, one comma list, and kept as the tuple of names (the hook's no-GPU check and the request use it)
+    "swarm_resource": (list, ()),
     "annotation_prefixes": (list, ("cdi.k8s.io/",)),  # NVIDIA's modes.cdi.annotation-prefixes
     "service_socket": (str, "/run/gpuhook/service.sock"),  # `gpuhook service` listens here (service/server.py)
 }
@@ -62,7 +63,7 @@ class Config:
     disable_require: bool
     _supported_capabilities: tuple[str, ...] | None
     inventory_cache: str
-    swarm_resource: str
+    swarm_resource: tuple[str, ...]
     annotation_prefixes: tuple[str, ...]
     service_socket: str
     source: str
@@ -108,7 +109,7 @@ class Config:
             accept_volume_mounts=self.accept_volume_mounts,
             disable_require=self.disable_require,
             supported_capabilities=frozenset(self.supported_capabilities),
-            swarm_resource=tuple(v for v in (v.strip() for v in self.swarm_resource.split(",")) if v),
+            swarm_resource=tuple(self.swarm_resource),
             annotation_prefixes=tuple(self.annotation_prefixes),
         )
 
@@ -138,6 +139,8 @@ def _convert(path: str, key: str, value: object) -> object:
     if attr not in _FIELDS:
         raise ConfigError(f"{path}: unknown key {key!r}")
     kind = _FIELDS[attr][0]
+    if attr == "swarm_resource" and isinstance(value, str):  # NVIDIA's form: one comma list
+        return tuple(v for v in (v.strip() for v in value.split(",")) if v)
     if key.replace("-", "_") == "supported_driver_capabilities":  # NVIDIA's form: a string, not a list
         if not isinstance(value, str):
             raise ConfigError(f"{path}: {key} must be a string (a comma list), not {value!r}")

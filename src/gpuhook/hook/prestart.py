@@ -76,7 +76,7 @@ def run(state_text: bytes, config: Config, check: Callable[[bytes], None] | None
     state = parse_state(state_text)
     bundle = load_bundle(state.bundle)
     annotations = {**bundle.annotations, **state.annotations}
-    if not contract.has_gpu_signal(bundle.env, bundle.mounts, annotations, config.swarm_resource,
+    if not contract.has_gpu_signal(bundle.env, bundle.mounts, annotations, tuple(config.swarm_resource),
                                    tuple(config.annotation_prefixes)):
         return f"{state.id} skip request=unset"
     from gpuhook.model.request import is_privileged, parse_request

@@ -15,6 +15,7 @@ import os
 import struct
 from collections import namedtuple
 
+from gpuhook.inject.mountinfo import Mount, parse_mountinfo
 from gpuhook.model.record import Record
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the hook's path)
@@ -108,11 +109,6 @@ def allow_devices(
 # --- finding the cgroup -----------------------------------------------------------------------------------
 
 
-# One /proc/self/mountinfo line: index (line number), mount_id, parent_id, root, mountpoint, fstype,
-# super_options (a tuple of str).
-_Mount = namedtuple("_Mount", ["index", "mount_id", "parent_id", "root", "mountpoint", "fstype", "super_options"])
-
-
 def find_cgroup(pid: int, proc_root: str = "/proc", mountinfo: str = "/proc/self/mountinfo") -> CgroupTarget:
     """Where the container's device cgroup is: the v1 `devices` hierarchy when it is mounted and the process
     is in it (also on hybrid hosts with a cgroup2 mount elsewhere), else the cgroup v2 (unified) hierarchy."""
@@ -120,7 +116,7 @@ def find_cgroup(pid: int, proc_root: str = "/proc", mountinfo: str = "/proc/self
     with open(cgroup_file, encoding="utf-8", errors="surrogateescape") as f:
         v1_path, v2_path = _parse_proc_cgroup(f.read())
     with open(mountinfo, encoding="utf-8", errors="surrogateescape") as f:
-        mounts = _parse_mountinfo(f.read())
+        mounts = parse_mountinfo(f.read())
     if v1_path is not None:
         found = _cgroup_dir(mounts, "cgroup", v1_path, controller="devices")
         if found is not None:
@@ -150,37 +146,6 @@ def _parse_proc_cgroup(text: str) -> tuple[str | None, str | None]:
     return v1, v2
 
 
-def _unescape(field: str) -> str:
-    """mountinfo escapes space, tab, newline and backslash as \\ooo."""
-    if "\\" not in field:
-        return field
-    out, i = [], 0
-    while i < len(field):
-        if field[i] == "\\" and field[i + 1 : i + 4].isdigit() and len(field[i + 1 : i + 4]) == 3:
-            out.append(chr(int(field[i + 1 : i + 4], 8)))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)
-
-
-def _parse_mountinfo(text: str) -> list[_Mount]:
-    mounts = []
-    for index, line in enumerate(text.splitlines()):
-        fields = line.split(" ")
-        try:
-            sep = fields.index("-", 6)
-            mount_id, parent_id = int(fields[0]), int(fields[1])
-        except ValueError:
-            continue
-        fstype = fields[sep + 1] if len(fields) > sep + 1 else ""
-        super_options = tuple(fields[sep + 3].split(",")) if len(fields) > sep + 3 else ()
-        mounts.append(_Mount(index, mount_id, parent_id, _unescape(fields[3]), _unescape(fields[4]), fstype,
-                             super_options))  # fmt: skip
-    return mounts
-
-
 def _ancestor_paths(path: str) -> Iterable[str]:
     """`path` and every directory above it: /a/b -> /a/b, /a, /."""
     while True:
@@ -190,7 +155,7 @@ def _ancestor_paths(path: str) -> Iterable[str]:
         path = path.rsplit("/", 1)[0] or "/"
 
 
-def _is_hidden(mount: _Mount, by_id: dict[int, _Mount], by_point: dict[str, list[_Mount]]) -> bool:
+def _is_hidden(mount: Mount, by_id: dict[int, Mount], by_point: dict[str, list[Mount]]) -> bool:
     """True when a later mount covers `mount`'s mount point (or a directory above it) without being one of
     the mounts it sits on: e.g. cgroup2 mounted over a cgroup v1 tmpfs at /sys/fs/cgroup."""
     below: set[int] = set()
@@ -205,10 +170,10 @@ def _is_hidden(mount: _Mount, by_id: dict[int, _Mount], by_point: dict[str, list
     return False
 
 
-def _cgroup_dir(mounts: list[_Mount], fstype: str, path: str, controller: str | None = None) -> str | None:
+def _cgroup_dir(mounts: list[Mount], fstype: str, path: str, controller: str | None = None) -> str | None:
     """The directory of cgroup `path` under a visible mount of `fstype` (with `controller`, for v1)."""
     by_id = {m.mount_id: m for m in mounts}
-    by_point: dict[str, list[_Mount]] = {}
+    by_point: dict[str, list[Mount]] = {}
     for m in mounts:
         by_point.setdefault(m.mountpoint, []).append(m)
     for m in mounts:

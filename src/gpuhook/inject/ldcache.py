@@ -26,7 +26,8 @@ from collections.abc import Iterator
 
 from gpuhook import _native
 from gpuhook.errors import InjectionError, clip
-from gpuhook.inject.rootfs import RootFS, mountinfo_path, shown
+from gpuhook.inject.mountinfo import read_mounts
+from gpuhook.inject.rootfs import RootFS, shown
 
 CONF_FILE = "/etc/ld.so.conf.d/00-gpuhook.conf"
 TRUSTED_DIRS = frozenset({"/lib", "/usr/lib", "/lib64", "/usr/lib64"})
@@ -197,14 +198,8 @@ def _mounts_under(root_path: str) -> list[tuple[str, str]]:
 
     `root_path` is the rootfs as the kernel names it (no symlink, no trailing slash), as mountinfo does."""
     prefix = root_path.rstrip("/") + "/"
-    out = []
-    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
-        for line in f:
-            fields = line.split()
-            point = mountinfo_path(fields[4])
-            if point == root_path or point.startswith(prefix):
-                out.append((point, fields[fields.index("-") + 1]))
-    return out
+    return [(m.mountpoint, m.fstype) for m in read_mounts()
+            if m.mountpoint == root_path or m.mountpoint.startswith(prefix)]
 
 
 def _remount_nodev(top: str, points: list[str]) -> None:

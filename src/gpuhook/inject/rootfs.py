@@ -24,6 +24,7 @@ import stat
 
 from gpuhook import _native
 from gpuhook.errors import InjectionError, clip
+from gpuhook.inject.mountinfo import read_mounts
 
 RESOLVE = _native.RESOLVE_IN_ROOT | _native.RESOLVE_NO_MAGICLINKS
 O_PATH = os.O_PATH
@@ -58,15 +59,6 @@ def mount_id(fd: int) -> int:
     raise InjectionError("cannot tell which mount a container folder is on (no mnt_id in fdinfo)")
 
 
-def mountinfo_path(field: str) -> str:
-    """A mountinfo path field: spaces, tabs, newlines and backslashes are written as octal escapes."""
-    if "\\" not in field:
-        return field
-    import re
-
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
-
-
 DEVICE_MOUNTS = ("/dev", "/proc/driver/nvidia")  # mounts made for the container's devices, besides its own
 
 
@@ -88,11 +80,8 @@ class RootFS:
         top = os.readlink(f"/proc/self/fd/{self.fd}").rstrip("/")
         wanted = {top + p for p in DEVICE_MOUNTS}
         ids = {mount_id(self.fd)}
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
-            for line in f:
-                fields = line.split(" ", 5)
-                if mountinfo_path(fields[4]) in wanted:
-                    ids.add(int(fields[0]))  # the last one mounted there wins: it is what a lookup sees
+        # every mount exactly there (the last one mounted there is what a lookup sees, and it is among them)
+        ids.update(m.mount_id for m in read_mounts() if m.mountpoint in wanted)
         return frozenset(ids)
 
     def check_own(self, pfd: int, path: str) -> None:

@@ -30,13 +30,13 @@ GATED_DEVICE_ENV: dict[str, str] = {
 
 
 def has_gpu_signal(env: list[str], mounts: list[dict[str, object]], annotations: dict[str, str],
-                   swarm_resource: str = "", annotation_prefixes: tuple[str, ...] = (CDI_ANNOTATION_PREFIX,)) -> bool:
+                   swarm_resource: tuple[str, ...] = (),
+                   annotation_prefixes: tuple[str, ...] = (CDI_ANNOTATION_PREFIX,)) -> bool:
     """Whether anything could make this a GPU container: the env var (or a configured swarm-resource variable),
     a legacy CUDA image's CUDA_VERSION, a device volume mount, a CDI annotation. Without any, request.parse_request
     answers "unset" under every policy, so the hook stops here without loading the parser; with one, the parser
     decides."""
-    names = [VISIBLE_DEVICES, LEGACY_CUDA_VERSION, *(v.strip() for v in swarm_resource.split(",") if v.strip())]
-    starts = tuple(name + "=" for name in names)
+    starts = tuple(name + "=" for name in (VISIBLE_DEVICES, LEGACY_CUDA_VERSION, *swarm_resource))
     if any(e.startswith(starts) for e in env):
         return True
     if annotation_prefixes and any(k.startswith(annotation_prefixes) for k in annotations):

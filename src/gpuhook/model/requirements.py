@@ -22,6 +22,10 @@ from gpuhook.errors import RequestError, RequirementError, clip
 from gpuhook.model.inventory import Gpu, Inventory, MigDevice
 from gpuhook.model.record import Record
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the hook's path)
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
 KEYS = ("cuda", "driver", "arch", "brand")
 HOST_KEYS = ("cuda", "driver")  # the host's own values; arch and brand are the device's
 OPERATOR_CHARS = "<>=!"
@@ -76,8 +80,9 @@ def terms(constraint: str) -> list[list[str]]:
 
 
 def count_conditions(constraint: str) -> int:
-    """Factors in a value, counted without splitting it (the bound is checked before any list is built)."""
-    return sum(1 for term in constraint.split(OR_SEPARATOR) for f in term.split(AND_SEPARATOR) if f)
+    """Factors in a value (request.requirements bounds them before anything parses one; the value itself is
+    bounded in size first, so splitting it here is)."""
+    return sum(len(factors) for factors in terms(constraint))
 
 
 def _invalid(constraint: str, factor: str, why: str) -> RequestError:
@@ -193,18 +198,20 @@ def _profiles(inv: Inventory, devices: tuple[Gpu | MigDevice, ...]) -> list[Gpu 
     return list(seen.values()) or [None]
 
 
-def outcomes(inv: Inventory, constraints: tuple[str, ...], devices: tuple[Gpu | MigDevice, ...]) -> list[Outcome]:
-    """Every constraint's outcome on every device profile, in order (doctor shows them all)."""
-    return [evaluate(inv, text, gpu) for gpu in _profiles(inv, devices) for text in constraints]
+def outcomes(inv: Inventory, constraints: tuple[str, ...], devices: tuple[Gpu | MigDevice, ...]
+             ) -> Iterator[Outcome]:
+    """Each constraint's outcome on each device profile, in order, one at a time (check stops at the first that
+    fails; doctor shows them all)."""
+    for gpu in _profiles(inv, devices):
+        for text in constraints:
+            yield evaluate(inv, text, gpu)
 
 
 def check(inv: Inventory, constraints: tuple[str, ...], devices: tuple[Gpu | MigDevice, ...]) -> None:
     """Raise RequirementError naming the first constraint that no term satisfies, with the host's values."""
-    for gpu in _profiles(inv, devices):
-        for text in constraints:
-            outcome = evaluate(inv, text, gpu)
-            if not outcome.held:
-                raise RequirementError(unsatisfied_message(outcome))
+    for outcome in outcomes(inv, constraints, devices):
+        if not outcome.held:
+            raise RequirementError(unsatisfied_message(outcome))
 
 
 def unsatisfied_message(outcome: Outcome) -> str:
