@@ -106,8 +106,8 @@ def test_time_slicing_and_mig_strategies(fake_driver_mig: Any) -> None:
     assert shared["nvidia.com/gpu.sharing-strategy"] == "time-slicing"
     assert shared["nvidia.com/gpu.count"] == "4"  # under none the MIG-enabled GPU is served whole too
     assert "nvidia.com/mig.strategy" not in shared
-    assert labels(inv, Options(mig_strategy="mixed"))["nvidia.com/gpu.count"] == "3"  # the MIG-disabled ones
     mixed = labels(inv, Options(mig_strategy="mixed"))
+    assert mixed["nvidia.com/gpu.count"] == "3"  # the MIG-disabled ones
     assert mixed["nvidia.com/mig.strategy"] == "mixed"
     assert mixed["nvidia.com/mig-1g.10gb.count"] == "2"
     assert mixed["nvidia.com/mig-1g.10gb.product"] == f"{H100}-MIG-1g.10gb"

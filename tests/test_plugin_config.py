@@ -104,9 +104,21 @@ def test_bad_files_are_one_line_naming_the_key(text: str, message: str) -> None:
     assert str(err.value).startswith("/etc/config/config.yaml: ")
 
 
-def test_an_nvidia_chart_config_reads_as_nvidia_means_it() -> None:
-    text = """
+# nvidia.com/gpu time-sliced 3 ways, renamed nvidia.com/gpu.shared, one replica per container
+RENAMED = """
 version: v1
+sharing:
+  timeSlicing:
+    renameByDefault: true
+    failRequestsGreaterThanOne: true
+    resources:
+    - name: nvidia.com/gpu
+      replicas: 3
+"""
+
+
+def test_an_nvidia_chart_config_reads_as_nvidia_means_it() -> None:
+    text = RENAMED + """
 flags:
   migStrategy: mixed
   failOnInitError: false
@@ -119,19 +131,12 @@ flags:
   gfd:
     oneshot: false
     sleepInterval: 60s
-sharing:
-  timeSlicing:
-    renameByDefault: true
-    failRequestsGreaterThanOne: true
-    resources:
-    - name: nvidia.com/gpu
-      replicas: 4
 """
     got = config.parse(text)
     assert (got.mig_strategy, got.fail_on_init_error, got.host_driver_root, got.driver_root) == (
         "mixed", False, "/run/nvidia/driver", "/driver-root")
     assert (got.pass_device_specs, got.list_strategies, got.id_strategy) == (True, ("envvar", "cdi-cri"), "index")
-    assert got.sharing == config.Sharing((SharedResource(GPU, 4, "nvidia.com/gpu.shared"),), True)
+    assert got.sharing == config.Sharing((SharedResource(GPU, 3, "nvidia.com/gpu.shared"),), True)
     assert got.warnings == ()
 
 
@@ -225,26 +230,11 @@ def test_bad_environment_is_one_usage_line(monkeypatch: pytest.MonkeyPatch, tmp_
 def options_from(text: str, **extra: Any) -> Options:
     """Options as the CLI builds them from a file alone (the plugin's own tests start it in-process)."""
     file = config.parse(text)
-    sharing = file.sharing
-    kwargs: dict[str, Any] = {"shared": sharing.resources if sharing else (),
-                              "fail_requests_greater_than_one": bool(sharing and
-                                                                     sharing.fail_requests_greater_than_one)}
+    kwargs = file.options_fields()
     for name in ("mig_strategy", "id_strategy", "list_strategies", "pass_device_specs"):
         if getattr(file, name) is not None:
             kwargs[name] = getattr(file, name)
     return Options(**kwargs, **extra)
-
-
-RENAMED = """
-version: v1
-sharing:
-  timeSlicing:
-    renameByDefault: true
-    failRequestsGreaterThanOne: true
-    resources:
-    - name: nvidia.com/gpu
-      replicas: 3
-"""
 
 
 def test_time_slicing_renamed_with_replica_ids_and_fail_over_one(fake_driver: Any, kubelet: TestKubelet) -> None:

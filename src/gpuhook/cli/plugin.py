@@ -129,7 +129,7 @@ def device_plugin(driver_root: str, dev_root: str | None, proc_root: str | None,
     except ValueError as exc:
         raise ConfigError(f"--ignored-xids: {exc}") from None
     ctx = click.get_current_context()
-    given = {name: value for name, value in ctx.params.items()
+    given = {name for name in ctx.params
              if ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)}
     values = {**ctx.params, "device_list_strategy": parse_list_strategies(device_list_strategy)}
     explicit = {PARAM_SETTING.get(k, k): values[k] for k in given}
@@ -148,14 +148,10 @@ def device_plugin(driver_root: str, dev_root: str | None, proc_root: str | None,
     host_root = settings.get("host_driver_root")
     read_root = settings["driver_root"] if "driver_root" in given or (file and file.driver_root) else (
         host_root or driver_root)
-    sharing = file.sharing if file is not None else None
     options = Options(resource_name=resource_name, id_strategy=settings["id_strategy"],
                       mig_strategy=settings["mig_strategy"], replicas=replicas,
-                      list_strategies=settings["list_strategies"],
-                      shared=sharing.resources if sharing else (),
-                      fail_requests_greater_than_one=bool(sharing and sharing.fail_requests_greater_than_one),
-                      pass_device_specs=settings["pass_device_specs"],
-                      gated_env=file.gated_env if file is not None else ())
+                      list_strategies=settings["list_strategies"], pass_device_specs=settings["pass_device_specs"],
+                      **(file.options_fields() if file is not None else {}))
     options.check()
     config = PluginConfig(
         options=options,
@@ -170,7 +166,7 @@ def device_plugin(driver_root: str, dev_root: str | None, proc_root: str | None,
         fail_on_init_error=settings["fail_on_init_error"],
         dev_char_path=os.path.abspath(dev_char_path) if dev_char_path else None,
     )
-    method = settings.get("discovery", discovery)
+    method = settings["discovery"]
     try:
         serve_forever(config, lambda: load_inventory(read_root, dev_root, proc_root, method, inventory_cache))
     except OSError as exc:

@@ -58,8 +58,9 @@ def resolve(ids: Sequence[str], by_id: Mapping[str, PluginDevice], unhealthy: Ma
 
 def container_response(devices: Sequence[PluginDevice], options: Options,
                        specs: DeviceSpecs | None = None) -> pb.ContainerAllocateResponse:
-    """One container's answer. As NVIDIA's getAllocateResponse: the gated variables always, DeviceSpecs only
-    with a non-CDI strategy in the list (with CDI the spec gives the nodes)."""
+    """One container's answer. As NVIDIA's getAllocateResponse: the gated variables always, DeviceSpecs
+    (`specs`, built only with passDeviceSpecs) only with a non-CDI strategy in the list (with CDI the spec gives
+    the nodes)."""
     strategies = options.list_strategies
     resp = pb.ContainerAllocateResponse()
     for name in options.gated_env:
@@ -76,7 +77,7 @@ def container_response(devices: Sequence[PluginDevice], options: Options,
     if "cdi-annotations" in strategies:
         for d in devices:
             resp.annotations[annotation_key(d.base_id)] = d.cdi_name
-    if options.pass_device_specs and specs is not None and any(s not in CDI_STRATEGIES for s in strategies):
+    if specs is not None and any(s not in CDI_STRATEGIES for s in strategies):
         resp.devices.extend(specs.for_devices(devices))
     return resp
 

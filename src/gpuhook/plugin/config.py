@@ -20,6 +20,7 @@ from importlib import resources
 from typing import Any
 
 from gpuhook.errors import ConfigError, clip
+from gpuhook.model.contract import CDI_ANNOTATION_PREFIX
 from gpuhook.model.record import Record
 from gpuhook.plugin.devices import (
     ID_STRATEGIES,
@@ -32,8 +33,7 @@ VERSION = "v1"
 RESOURCE_PREFIX = "nvidia.com"
 SHARED_SUFFIX = ".shared"  # NVIDIA's DefaultSharedResourceNameSuffix
 MAX_RESOURCE_NAME = 63
-DISCOVERY = {"auto": "auto", "nvml": "nvml"}  # NVIDIA's deviceDiscoveryStrategy -> gpuhook's --discovery
-DEFAULT_CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
+DISCOVERY = ("auto", "nvml")  # NVIDIA's deviceDiscoveryStrategy values gpuhook's --discovery has too
 GATED_ENV = {"gdrcopyEnabled": "NVIDIA_GDRCOPY", "gdsEnabled": "NVIDIA_GDS", "mofedEnabled": "NVIDIA_MOFED"}
 SCHEMA_FILE = "nvidia-device-plugin-config-v1.json"
 
@@ -65,6 +65,13 @@ class FileConfig(Record):
     gated_env: tuple[str, ...] = ()
     sharing: Sharing | None = None
     warnings: tuple[str, ...] = ()
+
+    def options_fields(self) -> dict[str, Any]:
+        """The plugin Options only the file sets (no flag carries them): time-slicing and the gated variables."""
+        sharing = self.sharing
+        return {"shared": sharing.resources if sharing else (),
+                "fail_requests_greater_than_one": bool(sharing and sharing.fail_requests_greater_than_one),
+                "gated_env": self.gated_env}
 
 
 def load(path: str) -> FileConfig:
@@ -251,9 +258,8 @@ def _unsupported(where: str, value: Any, why: str) -> None:
 def _flags(flags: Mapping[str, Any], out: dict[str, Any], warnings: list[str]) -> None:
     if flags.get("migStrategy") is not None:
         out["mig_strategy"] = _choice(flags["migStrategy"], MIG_STRATEGIES, "flags.migStrategy")
-    for key, name in (("failOnInitError", "fail_on_init_error"),):
-        if flags.get(key) is not None:
-            out[name] = flags[key]
+    if flags.get("failOnInitError") is not None:
+        out["fail_on_init_error"] = flags["failOnInitError"]
     if flags.get("nvidiaDriverRoot"):
         out["host_driver_root"] = flags["nvidiaDriverRoot"]
     dev_root = flags.get("nvidiaDevRoot")
@@ -267,7 +273,7 @@ def _flags(flags: Mapping[str, Any], out: dict[str, Any], warnings: list[str]) -
     if strategy is not None:
         if strategy not in DISCOVERY:
             _unsupported("flags.deviceDiscoveryStrategy", strategy, f"gpuhook discovers with {', '.join(DISCOVERY)}")
-        out["discovery"] = DISCOVERY[strategy]
+        out["discovery"] = strategy
     plugin = flags.get("plugin") or {}
     if plugin.get("passDeviceSpecs") is not None:
         out["pass_device_specs"] = plugin["passDeviceSpecs"]
@@ -283,8 +289,8 @@ def _flags(flags: Mapping[str, Any], out: dict[str, Any], warnings: list[str]) -
     if plugin.get("containerDriverRoot"):
         out["driver_root"] = plugin["containerDriverRoot"]
     prefix = plugin.get("cdiAnnotationPrefix")
-    if prefix and prefix != DEFAULT_CDI_ANNOTATION_PREFIX:
-        _unsupported("flags.plugin.cdiAnnotationPrefix", prefix, f"gpuhook uses {DEFAULT_CDI_ANNOTATION_PREFIX}")
+    if prefix and prefix != CDI_ANNOTATION_PREFIX:
+        _unsupported("flags.plugin.cdiAnnotationPrefix", prefix, f"gpuhook uses {CDI_ANNOTATION_PREFIX}")
     policy = plugin.get("sharedDevicesAllocationPolicy")
     if policy is not None and policy != "distributed":
         if policy != "packed":

@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from gpuhook.model.request import TRUE_WORDS as GO_TRUE
 from gpuhook.plugin.config import FileConfig
 
 # gpuhook's names of the settings the config file can carry (FileConfig's fields), each also a flag.
 SETTINGS = ("mig_strategy", "fail_on_init_error", "host_driver_root", "driver_root", "discovery",
             "pass_device_specs", "list_strategies", "id_strategy")
-GO_TRUE = ("1", "t", "T", "TRUE", "true", "True")
 GO_FALSE = ("0", "f", "F", "FALSE", "false", "False")
 
 
