@@ -24,6 +24,8 @@ from typing import Any
 
 from gpuhook.errors import GpuhookError
 from gpuhook.hook.config import CONFIG_ENV
+from gpuhook.hook.installed import DEFAULT_PATH as DEFAULT_HOOK_PATH
+from gpuhook.hook.installed import DOCKER_GPUS_NAME
 from gpuhook.hook.log import append_log
 from gpuhook.model.record import Record
 
@@ -97,7 +99,7 @@ def parse_argv(args: Sequence[str], cwd: str | None = None) -> Invocation:
 
 # Programs that inject GPUs at prestart by themselves, by the name in `path` or `args[0]`: gpuhook's entry (also
 # under NVIDIA's name, which `docker run --gpus` adds to every --gpus container) and NVIDIA's toolkit.
-GPU_HOOKS = {"gpuhook-hook": "gpuhook", "nvidia-container-runtime-hook": "nvidia",
+GPU_HOOKS = {os.path.basename(DEFAULT_HOOK_PATH): "gpuhook", DOCKER_GPUS_NAME: "nvidia",
              "nvidia-container-toolkit": "nvidia"}
 
 
