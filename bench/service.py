@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Any
 from _common import (
     BenchError,
     fake_driver,
+    gpuhook_command,
     interleaved,
     main_guard,
     need_root_and,
@@ -32,18 +32,15 @@ from _common import (
     workdir,
     write_json,
 )
-from _containers import busybox_template, fresh_rootfs, make_bundle, runc_run, unique_id
-from _containers import write_hook_config as write_config
+from _containers import busybox_template, fresh_rootfs, hook_entry, make_bundle, runc_run, unique_id, write_hook_config
 from hook import GPUS, LABELS, REQUESTS, check_log
 
 TARGETS = {"b": 2.0, "c": 8.0, "d": 10.0}  # issue 21, through the service
 KINDS = ("service", "fallback", "python")
-ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 def start_service(config: Path, sock: Path) -> subprocess.Popen[bytes]:
-    gpuhook = Path(sys.executable).with_name("gpuhook")
-    proc = subprocess.Popen([str(gpuhook), "service", "--config", str(config), "--socket", str(sock)],
+    proc = subprocess.Popen([*gpuhook_command(), "service", "--config", str(config), "--socket", str(sock)],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 30
     while not sock.exists():
@@ -59,13 +56,12 @@ def bench(args: argparse.Namespace) -> None:
     load_before = list(os.getloadavg())
     with workdir("svc", args.keep) as work:
         fake = fake_driver(work / "driver", GPUS)
-        config = write_config(work, fake.root)
-        from gpuhook.cli.entry import install
+        config = write_hook_config(work, fake.root)
+        from gpuhook.cli.entry import install, native_entry
 
-        native = Path(install(str(work / "bin" / "gpuhook-hook"))[0])
-        script = native.with_name(native.name + ".py")
-        if not script.exists():
+        if native_entry() is None:
             raise BenchError("the native entry was not built (no C compiler at install time?): nothing to compare")
+        native, script = map(Path, install(str(work / "bin" / "gpuhook-hook")))
         sock = work / "run" / "service.sock"
         paths = {"service": (native, sock), "fallback": (native, work / "none" / "service.sock"),
                  "python": (script, sock)}
@@ -78,9 +74,8 @@ def bench(args: argparse.Namespace) -> None:
                 rootfs = fresh_rootfs(template, bundle / "rootfs")
                 hooks: dict[str, Any] | None = None
                 if hook:
-                    hooks = {"prestart": [{"path": str(hook[0]),
-                                           "args": ["gpuhook-hook", "--config", str(config), "prestart"],
-                                           "env": [ENV, f"GPUHOOK_SERVICE_SOCKET={hook[1]}"]}]}
+                    entry = hook_entry(str(hook[0]), config)
+                    hooks = {"prestart": [{**entry, "env": [*entry["env"], f"GPUHOOK_SERVICE_SOCKET={hook[1]}"]}]}
                 make_bundle(bundle, rootfs, ["true"], env=env, hooks=hooks)
                 cid = unique_id(f"ghs-{name}")
                 if hook:

@@ -30,6 +30,7 @@ from gpuhook.service import protocol
 
 NEEDS_NATIVE = pytest.mark.skipif(hook_entry.native_entry() is None, reason="the native entry was not built")
 HOOK_PATH_ENV = "PATH=/usr/sbin:/usr/bin:/sbin:/bin"
+GPUHOOK = str(Path(sys.executable).with_name("gpuhook"))
 
 
 def state(bundle: Path, cid: str = "c1", pid: int = 1) -> bytes:
@@ -98,11 +99,8 @@ def test_a_slow_client_is_timed_out() -> None:
 
 def test_extra_descriptors_are_closed_never_kept() -> None:
     client, server = _pair()
-    import array
-
     fds = [os.open("/dev/null", os.O_RDONLY) for _ in range(3)]
-    data = protocol.encode_request([], b"", pid_fd=True)
-    client.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+    socket.send_fds(client, [protocol.encode_request([], b"", pid_fd=True)], fds)
     before = set(os.listdir("/proc/self/fd"))
     request = protocol.read_request(server)
     assert request.pid_fd is not None
@@ -128,9 +126,8 @@ class Running:
 def start_service(tmp: Path, config: Path) -> Running:
     sock = tmp / "run" / "service.sock"
     log = tmp / "service.err"
-    gpuhook = Path(sys.executable).with_name("gpuhook")
     with open(log, "wb") as err:
-        proc = subprocess.Popen([str(gpuhook), "service", "--config", str(config), "--socket", str(sock)],
+        proc = subprocess.Popen([GPUHOOK, "service", "--config", str(config), "--socket", str(sock)],
                                 stdin=subprocess.DEVNULL, stdout=err, stderr=err)
     deadline = time.monotonic() + 30
     while not sock.exists():
@@ -230,8 +227,7 @@ def test_a_non_root_peer_is_refused_even_on_an_open_socket(service: Running, roo
 
 
 def test_a_second_service_on_the_same_socket_is_refused(service: Running, root_tmp: Path) -> None:
-    gpuhook = Path(sys.executable).with_name("gpuhook")
-    result = subprocess.run([str(gpuhook), "service", "--socket", str(service.sock)], capture_output=True,
+    result = subprocess.run([GPUHOOK, "service", "--socket", str(service.sock)], capture_output=True,
                             text=True, timeout=60, check=False)
     assert result.returncode == 1 and result.stderr == f"gpuhook service: a service already listens on {service.sock}\n"
 

@@ -45,6 +45,11 @@ static void fail(const char *what, const char *detail) {
     exit(1);
 }
 
+/* The big-endian u32 at p (protocol.py's framing). */
+static uint32_t be32(const unsigned char *p) {
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
 static long long now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -74,6 +79,12 @@ static char *read_state(size_t *len) {
     return buf;
 }
 
+/* The index of the first byte at or after j of s[0..n) that is not JSON whitespace. */
+static size_t skip_space(const char *s, size_t n, size_t j) {
+    while (j < n && (s[j] == ' ' || s[j] == '\t' || s[j] == '\n' || s[j] == '\r')) j++;
+    return j;
+}
+
 /* The first top-level-looking "pid": <digits> of the state; 0 when there is none (then no fd is sent: the
  * service parses the state properly and words what is wrong). */
 static long find_pid(const char *s, size_t n) {
@@ -81,10 +92,9 @@ static long find_pid(const char *s, size_t n) {
     for (size_t i = 0; i + sizeof key - 1 <= n; i++) {
         if (memcmp(s + i, key, sizeof key - 1) != 0) continue;
         size_t j = i + sizeof key - 1;
-        while (j < n && (s[j] == ' ' || s[j] == '\t' || s[j] == '\n' || s[j] == '\r')) j++;
+        j = skip_space(s, n, j);
         if (j >= n || s[j] != ':') continue;
-        j++;
-        while (j < n && (s[j] == ' ' || s[j] == '\t' || s[j] == '\n' || s[j] == '\r')) j++;
+        j = skip_space(s, n, j + 1);
         long pid = 0;
         size_t digits = 0;
         while (j < n && s[j] >= '0' && s[j] <= '9' && digits < 10) pid = pid * 10 + (s[j++] - '0'), digits++;
@@ -278,18 +288,14 @@ int main(int argc, char **argv) {
         }
         if (r == 0) break;
         got += (size_t)r;
-        if (got >= 8) {
-            uint32_t size = (uint32_t)ans[4] << 24 | (uint32_t)ans[5] << 16 | (uint32_t)ans[6] << 8 | ans[7];
-            if (size <= MAX_ANSWER && got >= 8 + size) break;
-        }
+        if (got >= 8 && be32(ans + 4) <= MAX_ANSWER && got >= 8 + be32(ans + 4)) break;
         if (got == 8 + MAX_ANSWER) break;
     }
     if (got < 8) {
         fprintf(stderr, "gpuhook-hook: service %s closed without an answer: the start fails\n", sock_path);
         return 1;
     }
-    uint32_t code = (uint32_t)ans[0] << 24 | (uint32_t)ans[1] << 16 | (uint32_t)ans[2] << 8 | ans[3];
-    uint32_t size = (uint32_t)ans[4] << 24 | (uint32_t)ans[5] << 16 | (uint32_t)ans[6] << 8 | ans[7];
+    uint32_t code = be32(ans), size = be32(ans + 4);
     if (size > MAX_ANSWER || got < 8 + size) {
         fprintf(stderr, "gpuhook-hook: service %s sent a malformed answer: the start fails\n", sock_path);
         return 1;

@@ -77,7 +77,6 @@ def _cache_path(option: str | None, roots: Roots, config: Config | None) -> str:
         return option
     if config is None:
         return ""
-    from gpuhook.discover.roots import Roots
 
-    configured = Roots.make(config.driver_root, config.dev_root or None, config.proc_root)
+    configured = config.roots()
     return config.inventory_cache if configured == roots else ""

@@ -16,6 +16,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
     from typing import Any
 
+    from gpuhook.discover.roots import Roots
     from gpuhook.model.request import Policy
 
 DEFAULT_PATH = "/etc/gpuhook/config.toml"
@@ -99,6 +100,12 @@ class Config:
 
     def __repr__(self) -> str:
         return "Config(" + "".join(f"{name}={getattr(self, name)!r}, " for name in _FIELDS) + f"source={self.source!r})"
+
+    def roots(self) -> Roots:
+        """The driver, dev and proc roots this config names (an empty dev-root: the driver root)."""
+        from gpuhook.discover.roots import Roots
+
+        return Roots.make(self.driver_root, self.dev_root or None, self.proc_root)
 
     @property
     def policy(self) -> Policy:

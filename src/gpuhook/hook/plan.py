@@ -40,12 +40,10 @@ class Planned(Record):
 def plan_request(config: Config, request: Request) -> Planned:
     """Everything `request` gets on the host `config` describes; RequestError/DiscoveryError on refusal."""
     from gpuhook.discover.cache import inventory
-    from gpuhook.discover.roots import Roots
     from gpuhook.model.selection import resolve
 
     notes: list[str] = []
-    inv = inventory(Roots.make(config.driver_root, config.dev_root or None, config.proc_root), config.inventory_cache,
-                    notes)
+    inv = inventory(config.roots(), config.inventory_cache, notes)
     selection = resolve(inv, request)
     if request.requirements:  # model/requirements.py (its parsers) is only loaded for a container that has constraints
         from gpuhook.model import requirements as require

@@ -19,8 +19,8 @@ longer, and a client bigger than the bounds is refused before any of its state i
 
 from __future__ import annotations
 
-import array
 import json
+import os
 import socket
 import struct
 import time
@@ -89,39 +89,38 @@ def _parse_header(raw: bytes) -> tuple[list[str], str | None, int, bool]:
 
 
 class _Reader:
-    """Reads exact byte counts from `conn` before a fixed deadline, collecting SCM_RIGHTS fds on the way."""
+    """Reads exact byte counts from `conn` within `timeout` seconds in all, collecting SCM_RIGHTS fds (up to 4
+    a message) on the way."""
 
-    def __init__(self, conn: socket.socket, deadline: float) -> None:
-        self.conn, self.deadline, self.fds, self.buf = conn, deadline, [], b""
+    def __init__(self, conn: socket.socket, timeout: float) -> None:
+        self.conn, self.timeout, self.deadline = conn, timeout, time.monotonic() + timeout
+        self.fds: list[int] = []
+        self.buf = b""
 
     def read(self, size: int) -> bytes:
         while len(self.buf) < size:
             left = self.deadline - time.monotonic()
             if left <= 0:
-                raise ProtocolError(f"request not complete within {REQUEST_TIMEOUT_S:.1f} s")
+                raise self._late()
             self.conn.settimeout(left)
             try:
-                data, ancdata, _flags, _addr = self.conn.recvmsg(min(size - len(self.buf), 1 << 16),
-                                                                 socket.CMSG_SPACE(4 * 4))
+                data, fds, _flags, _addr = socket.recv_fds(self.conn, min(size - len(self.buf), 1 << 16), 4)
             except socket.timeout:
-                raise ProtocolError(f"request not complete within {REQUEST_TIMEOUT_S:.1f} s") from None
-            for level, kind, payload in ancdata:
-                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                    fds = array.array("i")
-                    fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
-                    self.fds.extend(fds)
+                raise self._late() from None
+            self.fds.extend(fds)
             if not data:
                 raise ProtocolError(f"request cut short after {len(self.buf)} of {size} bytes")
             self.buf += data
         out, self.buf = self.buf[:size], self.buf[size:]
         return out
 
+    def _late(self) -> ProtocolError:
+        return ProtocolError(f"request not complete within {self.timeout:.1f} s")
+
 
 def read_request(conn: socket.socket, timeout: float = REQUEST_TIMEOUT_S) -> Request:
     """One whole request from `conn` within `timeout` seconds; ProtocolError (every fd received closed) else."""
-    import os
-
-    reader = _Reader(conn, time.monotonic() + timeout)
+    reader = _Reader(conn, timeout)
     try:
         size = _U32.unpack(reader.read(4))[0]
         if size > MAX_HEADER:
@@ -132,12 +131,9 @@ def read_request(conn: socket.socket, timeout: float = REQUEST_TIMEOUT_S) -> Req
         for fd in reader.fds:
             os.close(fd)
         raise
-    fds = reader.fds
-    for fd in fds[1:]:  # one fd is the format; any more are closed, never used
+    pid_fd = reader.fds.pop(0) if reader.fds and has_fd else None
+    for fd in reader.fds:  # one fd is the format, and only when the header says so; any other is closed unused
         os.close(fd)
-    pid_fd = fds[0] if fds and has_fd else None
-    if fds and not has_fd:
-        os.close(fds[0])
     return Request(argv, config_env, state, pid_fd)
 
 
@@ -146,19 +142,15 @@ def send_request(sock: socket.socket, argv: list[str], state: bytes, config_env:
     """What the native entry does, for tests and Python clients: the request, the fd on its first message."""
     data = encode_request(argv, state, config_env, pid_fd is not None)
     if pid_fd is not None:
-        sent = sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [pid_fd]))])
-        data = data[sent:]
+        data = data[socket.send_fds(sock, [data], [pid_fd]):]
     sock.sendall(data)
 
 
 def recv_answer(sock: socket.socket) -> tuple[int, str]:
     """The whole answer (until the service closes), decoded."""
-    chunks = []
-    while True:
-        data = sock.recv(1 << 16)
-        if not data:
-            break
-        chunks.append(data)
-        if sum(map(len, chunks)) > MAX_ANSWER + 8:
+    data = b""
+    while chunk := sock.recv(1 << 16):
+        data += chunk
+        if len(data) > MAX_ANSWER + 8:
             raise ProtocolError("answer over its bound")
-    return decode_answer(b"".join(chunks))
+    return decode_answer(data)

@@ -12,6 +12,7 @@ Safety rules (README "The hook service"):
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import os
 import signal
@@ -21,9 +22,10 @@ import struct
 import sys
 import time
 
-from gpuhook.errors import GpuhookError, render
+from gpuhook.errors import GpuhookError, InjectionError, render
 from gpuhook.hook import prestart
 from gpuhook.hook.config import DEFAULT_PATH, Config, load_config
+from gpuhook.oci.bundle import parse_state
 from gpuhook.service import protocol
 
 MAX_CHILDREN = 64  # requests in flight; one more waits for a child to end
@@ -110,9 +112,6 @@ def check_pid_fd(state_text: bytes, pid_fd: int) -> None:
     """The /proc/<pid> the client opened is the process `pid` names here: the same mount namespace. Anything
     else (a runtime in another PID namespace, a pid reused since) fails the start rather than touch another
     process. Injecting through the fd itself is issue 21's next step."""
-    from gpuhook.errors import InjectionError
-    from gpuhook.oci.bundle import parse_state
-
     pid = parse_state(state_text).pid
     if pid <= 0:
         return  # prestart.run words this one
@@ -138,8 +137,7 @@ class Service:
             importlib.import_module(name)
         cache.keep_warm()
         self._configs: dict[str | None, tuple[tuple[int, ...], Config]] = {}
-        self.config = self.load(config_path)
-        self.socket_path = socket_path or self.config.service_socket
+        self.socket_path = socket_path or self.load(config_path).service_socket
         self.children: set[int] = set()
         self.listener: socket.socket | None = None
         self.bound = False
@@ -164,11 +162,10 @@ class Service:
         """Before a fork: the config and the inventory current (the fingerprint check of discover/cache), so
         the child starts with both; any failure is left for the child to meet and word."""
         from gpuhook.discover import cache
-        from gpuhook.discover.roots import Roots
 
         try:
             config = self.load(path)
-            cache.inventory(Roots.make(config.driver_root, config.dev_root or None, config.proc_root),
+            cache.inventory(config.roots(),
                             config.inventory_cache)
         except Exception:  # noqa: BLE001 - the child runs the same steps and reports in its one line
             pass
@@ -277,12 +274,7 @@ class Service:
             if self.listener is not None:
                 self.listener.close()
 
-            pid_fd = request.pid_fd
-
-            def check(state_text: bytes) -> None:
-                if pid_fd is not None:
-                    check_pid_fd(state_text, pid_fd)
-
+            check = None if request.pid_fd is None else functools.partial(check_pid_fd, pid_fd=request.pid_fd)
             code, line = prestart.handle(config_path, lambda: request.state, start, load=self.load, check=check)
             self._answer(conn, code, line)
         except BaseException:  # noqa: BLE001 - a child must never return into the accept loop
