@@ -102,3 +102,11 @@ def test_unreadable_cache_is_ignored(tmp_path: Path) -> None:
     assert load_fresh(str(cache), Roots.make("/")) is None
     cache.write_text(json.dumps({"format": 99}))
     assert load_fresh(str(cache), Roots.make("/")) is None
+
+
+def test_swarm_resource_in_nvidias_comma_form_and_as_a_list() -> None:
+    """NVIDIA's config.toml writes swarm-resource as one comma list; it is split once, when the config is read."""
+    assert parse_config('swarm-resource = "DOCKER_RESOURCE_GPUS, DOCKER_RESOURCE_GPUS_ADDITIONAL"').swarm_resource == (
+        "DOCKER_RESOURCE_GPUS", "DOCKER_RESOURCE_GPUS_ADDITIONAL")
+    assert parse_config('swarm-resource = ["A", "B"]').swarm_resource == ("A", "B")
+    assert parse_config('swarm-resource = ""').policy.swarm_resource == ()
