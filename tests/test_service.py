@@ -158,8 +158,17 @@ def ask(sock: Path, argv: list[str], body: bytes, pid_fd: int | None = None) -> 
         return protocol.recv_answer(conn)
 
 
-def test_the_pid_fd_must_name_the_states_process(service: Running, root_tmp: Path) -> None:
-    """The client's /proc/<pid> fd and the state's pid must be one process (same mount namespace) here."""
+@pytest.fixture()
+def gpu_service(root_tmp: Path, fake_driver: Any) -> Iterator[Running]:
+    """A service on a simulated driver: a request for GPUs is planned there and reaches the injection step."""
+    running = start_service(root_tmp, write_config(root_tmp, Path(fake_driver.root)))
+    yield running
+    running.stop()
+
+
+def test_the_pid_fd_must_name_the_states_process(gpu_service: Running, root_tmp: Path) -> None:
+    """The client's /proc/<pid> fd and the state's pid must be one process (same mount namespace) here, checked
+    after planning, right before the container would be touched."""
     config = ["--config", str(root_tmp / "config.toml")]
     body = state(plain_bundle(root_tmp, ["NVIDIA_VISIBLE_DEVICES=all"]), cid="pidfd", pid=os.getpid())
     other = subprocess.Popen(["unshare", "-m", "sleep", "30"])  # another mount namespace: "another process"
@@ -167,7 +176,7 @@ def test_the_pid_fd_must_name_the_states_process(service: Running, root_tmp: Pat
         time.sleep(0.2)
         fd = os.open(f"/proc/{other.pid}", os.O_RDONLY | os.O_DIRECTORY)
         try:
-            code, line = ask(service.sock, config, body, pid_fd=fd)
+            code, line = ask(gpu_service.sock, config, body, pid_fd=fd)
         finally:
             os.close(fd)
     finally:
@@ -395,3 +404,76 @@ def test_runc_start_through_the_service_gives_the_same_container(native: Path, r
     assert served.stdout == fallback.stdout  # the same nodes, mounts, links, ld cache and CUDA view
     log = (root_tmp / "gpuhook.log").read_text().splitlines()
     assert len(log) == 2 and all(" inject devices=" in line and " took=" in line for line in log)
+
+
+# --- what the resident process does itself (in-process: the real Service, its serve_one on a socket pair) ----------
+
+
+class Forks:
+    """Counts this process's forks through os.register_at_fork (hooks cannot be removed: `on` scopes them)."""
+
+    count = 0
+    on = False
+
+    @classmethod
+    def before(cls) -> None:
+        if cls.on:
+            cls.count += 1
+
+
+os.register_at_fork(before=Forks.before)
+
+
+@pytest.fixture()
+def in_process(root_tmp: Path, fake_driver: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    from gpuhook.discover import cache
+    from gpuhook.service.server import Service
+
+    monkeypatch.setattr(cache, "_WARM", None)  # keep_warm() is the service's; this test process gets it back off
+    config = write_config(root_tmp, Path(fake_driver.root))
+    service = Service(str(config), str(root_tmp / "run" / "service.sock"))
+    Forks.count, Forks.on = 0, True
+    try:
+        yield service
+    finally:
+        Forks.on = False
+
+
+def serve(service: Any, argv: list[str], body: bytes) -> tuple[int, str]:
+    client, server = _pair()
+    with client, server:
+        protocol.send_request(client, argv, body)
+        service.serve_one(server)
+        server.close()
+        return protocol.recv_answer(client)
+
+
+def test_the_parent_answers_what_touches_no_container_without_forking(in_process: Any, root_tmp: Path) -> None:
+    """No GPU request, a request for GPUs that is refused while planning, a bad state: answered by the resident
+    process itself, one round trip, no child; each logged as the in-process hook logs it."""
+    config = ["--config", str(root_tmp / "config.toml"), "prestart"]
+    assert serve(in_process, config, state(plain_bundle(root_tmp, []), cid="none")) == (0, "")
+    code, line = serve(in_process, config, state(plain_bundle(root_tmp, ["NVIDIA_VISIBLE_DEVICES=7"]), cid="seven"))
+    assert code == 1 and "7" in line and line.startswith("gpuhook-hook: ")
+    code, line = serve(in_process, config, state(root_tmp / "gone", cid="gone"))
+    assert code == 1 and str(root_tmp / "gone") in line
+    assert Forks.count == 0
+    log = (root_tmp / "gpuhook.log").read_text()
+    assert " none skip request=unset took=" in log and " seven error: " in log and " gone error: " in log
+
+
+def test_a_plan_is_remembered_while_the_driver_stays_the_same(in_process: Any, root_tmp: Path,
+                                                              fake_driver_factory: Any) -> None:
+    """The memo returns the very plan for the same config and request, and a new one once the inventory's
+    fingerprint changes (a GPU's node gone: the device set the next start gets is the new one)."""
+    from gpuhook.model.request import parse_request
+
+    fresh = fake_driver_factory(fresh=True)
+    config_path = write_config(root_tmp, Path(fresh.root))
+    config = in_process.load(str(config_path))
+    request = parse_request(["NVIDIA_VISIBLE_DEVICES=all"], [], {}, False, config.policy)
+    first = in_process.plan(config, request)
+    assert in_process.plan(config, request) is first and len(first.selection.devices) == 2
+    (Path(fresh.root) / "dev" / "nvidia1").unlink()
+    again = in_process.plan(config, request)
+    assert again is not first and [d.index for d in again.selection.devices] == [0]

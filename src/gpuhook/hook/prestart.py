@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from gpuhook.hook.config import Config
+    from gpuhook.hook.plan import Planned
     from gpuhook.model.request import Request
 
 STAGES = ("prestart", "createRuntime")
@@ -70,9 +71,15 @@ def _parse_args(argv: list[str]) -> tuple[str | None, str]:
     return config, stage
 
 
-def run(state_text: bytes, config: Config, check: Callable[[bytes], None] | None = None) -> str:
-    """Handle one container; returns the log summary. Raises GpuhookError for a start that must fail. `check`
-    vets the state right before a container is touched (never for one that asks for no GPU)."""
+def run(state_text: bytes, config: Config, before_inject: Callable[[bytes], bool] | None = None,
+        plan: Callable[[Config, Request], Planned] | None = None) -> str:
+    """Handle one container; returns the log summary. Raises GpuhookError for a start that must fail.
+
+    Everything up to the plan only reads (the state, config.json, the request, the inventory), so the service runs
+    it in its resident process; `before_inject(state_text)` is called right before a container is touched (never
+    for one that asks for no GPU, nor for one refused while planning) and returns True when the calling process is
+    a disposable child (the service forks one there) that may join the container's mount namespace itself instead
+    of forking once more for it. `plan` is plan_request, or the service's memo of it."""
     state = parse_state(state_text)
     bundle = load_bundle(state.bundle)
     annotations = {**bundle.annotations, **state.annotations}
@@ -86,23 +93,31 @@ def run(state_text: bytes, config: Config, check: Callable[[bytes], None] | None
     notes = "".join(f" ({n})" for n in request.notes)
     if not request.wants_gpu_setup:
         return f"{state.id} skip request={request.kind}{notes}"
-    if check is not None:
-        check(state_text)
-    return f"{state.id} " + _inject(config, state.pid, bundle.rootfs, request) + notes
+    if plan is None:
+        from gpuhook.hook.plan import plan_request as plan
+    planned = plan(config, request)
+    if state.pid <= 0:
+        from gpuhook.errors import InjectionError
+
+        raise InjectionError("OCI state has no pid: run gpuhook-hook at the prestart or createRuntime stage")
+    disposable = before_inject(state_text) if before_inject is not None else False
+    return f"{state.id} " + _inject(config, state.pid, bundle.rootfs, planned, disposable) + notes
 
 
-def _inject(config: Config, pid: int, rootfs: str, request: Request) -> str:
-    from gpuhook.errors import InjectionError
-    from gpuhook.hook.plan import plan_request
+def _inject(config: Config, pid: int, rootfs: str, planned: Planned, disposable: bool) -> str:
+    """The container's device cgroup widened (from the host's mount namespace, so first when this process is
+    about to leave it), its files, nodes and ld cache applied."""
     from gpuhook.inject.apply import inject
     from gpuhook.inject.devcgroup import DeviceRule, allow_devices
 
-    planned = plan_request(config, request)
-    if pid <= 0:
-        raise InjectionError("OCI state has no pid: run gpuhook-hook at the prestart or createRuntime stage")
     edits = planned.edits
-    inject(pid, rootfs, edits, config.ldconfig, proc_root=config.proc_root)
-    cgroup = allow_devices(pid, [DeviceRule(n.type, n.major, n.minor, "rwm") for n in edits.device_nodes])
+    rules = [DeviceRule(n.type, n.major, n.minor, "rwm") for n in edits.device_nodes]
+    if disposable:
+        cgroup = allow_devices(pid, rules)
+        inject(pid, rootfs, edits, config.ldconfig, proc_root=config.proc_root, fork=False)
+    else:
+        inject(pid, rootfs, edits, config.ldconfig, proc_root=config.proc_root)
+        cgroup = allow_devices(pid, rules)
     return f"inject {planned.summary()} cgroup={cgroup}"
 
 
@@ -115,12 +130,14 @@ def config_path_for(argv: list[str], config_env: str | None) -> str | None:
 
 def handle(config_path: str | None, read_state: Callable[[], bytes], start: float,
            load: Callable[[str | None], Config] | None = None,
-           check: Callable[[bytes], None] | None = None) -> tuple[int, str]:
+           before_inject: Callable[[bytes], bool] | None = None,
+           plan: Callable[[Config, Request], Planned] | None = None) -> tuple[int, str]:
     """One container start, as `main` and `gpuhook service` run it: (exit status, the one stderr line or "").
 
     Every failure (OSError and bugs included) is one escaped, bounded line (errors.render), the same text in the
-    log line; `load` reads the config (the service passes its warm one), `check` goes to run (the service: the
-    client's /proc/<pid> fd names the state's pid)."""
+    log line; `load` reads the config (the service passes its warm one); `before_inject` and `plan` go to run
+    (the service: fork there, its plan memo). A BaseException that is no Exception (the service parent's word
+    that a child took the start over) passes through, with nothing logged."""
     log_file = "/var/log/gpuhook.log"
     state_text = b""
     line = ""
@@ -130,7 +147,7 @@ def handle(config_path: str | None, read_state: Callable[[], bytes], start: floa
             from gpuhook.hook.config import load_config as load
         config = load(config_path)
         log_file = config.log_file
-        summary, code = run(state_text, config, check), 0
+        summary, code = run(state_text, config, before_inject, plan), 0
     except Exception as exc:  # noqa: BLE001 - a bug still fails the start with one line, never a traceback
         from gpuhook.errors import render
 

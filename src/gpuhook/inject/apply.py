@@ -128,12 +128,22 @@ def apply_in_namespace(
             cudacompat.update_ldcache(root, edits.ld_dirs, ldconfig_fd, edits.cuda_compat_driver)
 
 
-def run_in_mount_namespace(pid: int, work: Callable[[], None], proc_root: str = "/proc") -> None:
-    """Run `work` in a forked child that joined /proc/<pid>/ns/mnt; re-raise its failure as one line here."""
+def run_in_mount_namespace(pid: int, work: Callable[[], None], proc_root: str = "/proc", fork: bool = True) -> None:
+    """Run `work` in a forked child that joined /proc/<pid>/ns/mnt; re-raise its failure as one line here.
+
+    With `fork=False` the calling process joins the namespace itself and never comes back to the host's: only a
+    single-threaded, disposable process may ask so (the service's child for one start), which saves a fork."""
     try:
         ns_fd = os.open(f"{proc_root}/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
     except OSError as exc:
         raise InjectionError(f"cannot open mount namespace of container process {pid}: {exc.strerror}") from None
+    if not fork:
+        try:
+            _native.setns(ns_fd, _native.CLONE_NEWNS)
+        finally:
+            os.close(ns_fd)
+        work()
+        return
     r, w = os.pipe()
     parent = os.getpid()
     child = os.fork()
@@ -164,8 +174,10 @@ def inject(
     ldconfig_path: str,
     proc_root: str = "/proc",
     host_proc_root: str = "/proc",
+    fork: bool = True,
 ) -> None:
-    """Apply `edits` to the container whose init process is `pid` (prestart: namespaces exist, no pivot yet)."""
+    """Apply `edits` to the container whose init process is `pid` (prestart: namespaces exist, no pivot yet);
+    `fork=False`: run_in_mount_namespace's, for a disposable caller that may leave the host's namespace."""
     userns_root = user_namespace_root(pid, host_proc_root)
     sources: dict[str, int] = {}
     try:
@@ -184,6 +196,7 @@ def inject(
             pid,
             lambda: apply_in_namespace(rootfs_path, edits, sources, ldconfig_fd, proc_root, userns_root),
             host_proc_root,
+            fork,
         )
     finally:
         for fd in sources.values():

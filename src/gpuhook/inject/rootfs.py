@@ -164,6 +164,11 @@ class RootFS:
         or `..` link somewhere else than every other lookup of the same path (and than the container's).
         """
         norm = posixpath.normpath("/" + path.lstrip("/"))
+        try:  # the usual case, the whole folder already there: one lookup, from the rootfs's descriptor as below
+            return _native.openat2(self.fd, norm.lstrip("/") or ".", O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, 0,
+                                   RESOLVE)
+        except OSError:
+            pass  # missing, or not usable: the walk below creates what is missing or names the part that fails
         parts = [p for p in norm.split("/") if p]
         current = os.dup(self.fd)
         try:

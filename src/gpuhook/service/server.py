@@ -4,15 +4,17 @@ Safety rules (README "The hook service"):
 - the socket is 0600 in a 0700 directory owned by root, or handed over by systemd (LISTEN_FDS, fd 3);
 - every connection's peer is checked with SO_PEERCRED: uid 0 only, anyone else gets one refusal line;
 - a request is bounded (protocol.py) and must arrive within protocol.REQUEST_TIMEOUT_S;
-- each request runs in a child forked for it, so nothing one container does reaches the next; the parent only
-  accepts, warms (config, inventory) and reaps, and it has no threads, so forking it is safe;
+- the parent reads and decides (the state, config.json, the request, the plan: hook/prestart.run up to its
+  before_inject), which only reads and is bounded, so a container without a GPU request costs one round trip;
+- each start that touches a container runs in a child forked for it, which joins that container's mount
+  namespace itself, so nothing one container does reaches the next; the parent has no threads, so forking it is
+  safe;
 - a child keeps running when the parent dies: an accepted request is answered (the client never retries it).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import gc
 import os
 import signal
@@ -28,6 +30,13 @@ from gpuhook.hook.config import DEFAULT_PATH, Config, load_config
 from gpuhook.oci.bundle import parse_state
 from gpuhook.service import protocol
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from gpuhook.hook.plan import Planned
+    from gpuhook.model.inventory import Inventory
+    from gpuhook.model.request import Request
+
+MAX_PLANS = 256  # remembered plans (service.plan); then the memo starts over
 MAX_CHILDREN = 64  # requests in flight; one more waits for a child to end
 STOP_WAIT_S = 10.0  # on SIGTERM, how long to let running children finish before exiting anyway
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
@@ -35,6 +44,10 @@ _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 WARM_MODULES = ("json", "gpuhook.hook.plan", "gpuhook.inject.apply", "gpuhook.inject.devcgroup",
                 "gpuhook.model.request", "gpuhook.model.selection", "gpuhook.model.edits", "gpuhook.discover.cache",
                 "gpuhook.discover.roots", "gpuhook.discover.fingerprint", "gpuhook.model.requirements")
+
+
+class _Forked(BaseException):  # noqa: N818 - not an error: the parent's word that a child took the start over
+    """Raised in the parent right after the fork for an injection; handle() lets it through unlogged."""
 
 
 class ServiceError(GpuhookError):
@@ -137,7 +150,11 @@ class Service:
             importlib.import_module(name)
         cache.keep_warm()
         self._configs: dict[str | None, tuple[tuple[int, ...], Config]] = {}
-        self.socket_path = socket_path or self.load(config_path).service_socket
+        self._plans: dict[tuple[int, str, Request], tuple[Config, Inventory, Planned]] = {}
+        config = self.load(config_path)
+        self.socket_path = socket_path or config.service_socket
+        with contextlib.suppress(Exception):  # the inventory of its own config, scanned before the first start
+            cache.inventory(config.roots(), config.inventory_cache)  # (a failure is the first start's to word)
         self.children: set[int] = set()
         self.listener: socket.socket | None = None
         self.bound = False
@@ -158,17 +175,24 @@ class Service:
             self._configs[path] = (key, config)
         return config
 
-    def warm(self, path: str | None) -> None:
-        """Before a fork: the config and the inventory current (the fingerprint check of discover/cache), so
-        the child starts with both; any failure is left for the child to meet and word."""
+    def plan(self, config: Config, request: Request) -> Planned:
+        """plan_request, remembered per (config, request) while the inventory's fingerprint holds: a warm start
+        of a request seen before plans nothing. The inventory call is the fingerprint check (discover/cache);
+        the memo is bounded (MAX_PLANS, then it starts over)."""
         from gpuhook.discover import cache
+        from gpuhook.hook.plan import plan_request
 
-        try:
-            config = self.load(path)
-            cache.inventory(config.roots(),
-                            config.inventory_cache)
-        except Exception:  # noqa: BLE001 - the child runs the same steps and reports in its one line
-            pass
+        inv = cache.inventory(config.roots(), config.inventory_cache)
+        key = (id(config), inv.fingerprint, request)
+        hit = self._plans.get(key)
+        if hit is not None and hit[0] is config and hit[1] is inv:
+            return hit[2]
+        planned = plan_request(config, request)
+        if len(self._plans) >= MAX_PLANS:
+            self._plans.clear()
+        if not planned.notes:  # a refused cache file is said in the log line of every start until it is fixed
+            self._plans[key] = (config, inv, planned)
+        return planned
 
     def open(self) -> None:
         self.listener = systemd_socket()
@@ -231,7 +255,8 @@ class Service:
             flags = os.WNOHANG
 
     def serve_one(self, conn: socket.socket) -> None:
-        """One connection: the peer check and the request in the parent, the work in a forked child."""
+        """One connection, answered here up to the plan (a container without a GPU request costs this round trip
+        and nothing else); the start that touches a container goes on in a child forked for it."""
         start = time.monotonic()
         try:
             uid = peer_uid(conn)
@@ -245,6 +270,23 @@ class Service:
             return
         except OSError:
             return
+        child = False
+
+        def fork_for_injection(state_text: bytes) -> bool:
+            nonlocal child
+            if request.pid_fd is not None:
+                check_pid_fd(state_text, request.pid_fd)
+            if len(self.children) >= MAX_CHILDREN:
+                self.reap(block=True)
+            gc.freeze()  # the warm heap goes to the permanent generation: a child's collections never touch
+            pid = os.fork()  # (and so never copy) the parent's pages
+            if pid:
+                self.children.add(pid)
+                raise _Forked
+            child = True
+            self._enter_child()
+            return True  # a disposable process: it joins the container's mount namespace itself
+
         try:
             try:
                 config_path = prestart.config_path_for(request.argv, request.config_env)
@@ -252,35 +294,28 @@ class Service:
                 code = exc.code if isinstance(exc.code, int) else 1
                 self._answer(conn, code, "" if isinstance(exc.code, int) or exc.code is None else str(exc.code))
                 return
-            self.warm(config_path)
-            if len(self.children) >= MAX_CHILDREN:
-                self.reap(block=True)
-            gc.freeze()  # the warm heap goes to the permanent generation: a child's collections never touch
-            child = os.fork()  # (and so never copy) the parent's pages
-            if child == 0:
-                self._child(conn, request, config_path, start)
-            self.children.add(child)
+            code, line = prestart.handle(config_path, lambda: request.state, start, load=self.load,
+                                         before_inject=fork_for_injection, plan=self.plan)
+            self._answer(conn, code, line)
+            if child:
+                os._exit(0 if code == 0 else 1)
+        except _Forked:
+            return
+        except BaseException:
+            if child:  # a child must never return into the accept loop
+                os._exit(1)
+            raise
         finally:
-            if request.pid_fd is not None:
+            if request.pid_fd is not None and not child:
                 os.close(request.pid_fd)
 
-    def _child(self, conn: socket.socket, request: protocol.Request, config_path: str | None, start: float) -> None:
-        """In the forked child: what the in-process hook runs, its answer written back; never returns."""
-        code = 1
-        try:
-            gc.disable()  # one request, then exit: nothing to collect that exit does not free
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                signal.signal(sig, signal.SIG_DFL)
-            if self.listener is not None:
-                self.listener.close()
-
-            check = None if request.pid_fd is None else functools.partial(check_pid_fd, pid_fd=request.pid_fd)
-            code, line = prestart.handle(config_path, lambda: request.state, start, load=self.load, check=check)
-            self._answer(conn, code, line)
-        except BaseException:  # noqa: BLE001 - a child must never return into the accept loop
-            pass
-        finally:
-            os._exit(0 if code == 0 else 1)
+    def _enter_child(self) -> None:
+        """In the forked child: one start, then exit, so no collector, no signal handlers, no listener."""
+        gc.disable()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_DFL)
+        if self.listener is not None:
+            self.listener.close()
 
     @staticmethod
     def _answer(conn: socket.socket, code: int, line: str) -> None:
