@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,21 +32,17 @@ from _common import (
 )
 from _containers import busybox_template, fresh_rootfs, hook_entry, make_bundle, runc_run, unique_id, write_hook_config
 from hook import GPUS, LABELS, REQUESTS, check_log
+from support.service import Running, start
 
 TARGETS = {"b": 2.0, "c": 8.0, "d": 10.0}  # issue 21, through the service
 KINDS = ("service", "fallback", "python")
 
 
-def start_service(config: Path, sock: Path) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen([*gpuhook_command(), "service", "--config", str(config), "--socket", str(sock)],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 30
-    while not sock.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise BenchError(f"gpuhook service did not start: {proc.communicate()[1].decode()[-400:]}")
-        time.sleep(0.02)
-    return proc
+def start_service(config: Path, sock: Path) -> Running:
+    try:
+        return start(sock, config, sock.parent.parent / "service.err", gpuhook_command())
+    except AssertionError as exc:
+        raise BenchError(str(exc)) from None
 
 
 def bench(args: argparse.Namespace) -> None:
@@ -92,8 +86,7 @@ def bench(args: argparse.Namespace) -> None:
         try:
             samples = interleaved(cases, args.runs, warmup=1, seed=args.seed)
         finally:
-            service.terminate()
-            service.wait(timeout=30)
+            service.stop()
         took = check_log(work / "gpuhook.log", expected)
 
     rows = [row("(a) runc run, no hook", samples["a"])]

@@ -1,6 +1,30 @@
 """Shared fixtures: the simulated driver (tests/support/fakefix.py), NVIDIA's real driver roots
 (tests/support/realfix.py) and the end-to-end gate."""
 
+from collections.abc import Iterator
+
+import pytest
 from support.fakefix import *  # noqa: F401,F403
 from support.kubeletfix import *  # noqa: F401,F403
 from support.realfix import *  # noqa: F401,F403
+from support.service import service_mode, session_service
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _service_mode(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """GPUHOOK_TEST_SERVICE=running|stopped: every OCI hook of the session is the native entry, with one
+    `gpuhook service` answering or none (support/service.py); a running one must still be up at the end and
+    must have written no traceback."""
+    mode = service_mode()
+    running = session_service(tmp_path_factory.mktemp("service"), mode) if mode else None
+    if running is None:
+        yield
+        return
+    try:
+        yield
+    finally:
+        alive = running.proc.poll() is None
+        running.stop()
+        errors = running.log.read_text(errors="replace")
+        assert alive, f"gpuhook service died during the session: {errors[-800:]}"
+        assert "Traceback" not in errors, errors[-2000:]

@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 from support.fakefix import FAKE_MIG_LAYOUT
 from support.glibc import glibc_rootfs
+from support.hostile import hook_binary, hook_env
 from support.podman import Podman, need_podman
 from support.runc import make_bundle, need_busybox, runc_delete, runc_run, unique_id
 
@@ -162,8 +163,8 @@ def rootfs_for(tmp: Path, door: str) -> tuple[Path, Path]:
 def through_hook(tmp: Path, fake: FakeDriver, case: Case) -> dict[str, Any]:
     bundle, rootfs = rootfs_for(tmp, "hook")
     config = hook_config(tmp, fake)
-    hooks = {"prestart": [{"path": str(BIN / "gpuhook-hook"), "args": ["gpuhook-hook", "--config", str(config)],
-                           "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"]}]}
+    hooks = {"prestart": [{"path": hook_binary(), "args": ["gpuhook-hook", "--config", str(config)],
+                           "env": hook_env()}]}
     make_bundle(bundle, rootfs, ["sh", "-c", PROBE], env=env(case), hooks=hooks)
     result = runc_run(bundle, unique_id("cons-hook"))
     assert result.returncode == 0, result.stderr

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,7 @@ import pytest
 import yaml
 from support.e2e import need_root, need_tool
 from support.glibc import glibc_rootfs
-from support.hostile import content
+from support.hostile import content, hook_binary, hook_env
 from support.runc import cgroup2_namespace, make_bundle, need_busybox, runc_run, unique_id
 
 from gpuhook import _native
@@ -22,11 +21,6 @@ from gpuhook import _native
 pytestmark = pytest.mark.e2e
 LIBDIR = "usr/lib/x86_64-linux-gnu"
 DATA = Path(__file__).parent / "data"
-
-
-def hook_binary() -> str:
-    path = Path(sys.executable).with_name("gpuhook-hook")
-    return str(path) if path.exists() else shutil.which("gpuhook-hook") or ""
 
 
 @pytest.fixture()
@@ -58,7 +52,7 @@ def hooks(config: Path) -> dict[str, list[dict[str, Any]]]:
             {
                 "path": hook_binary(),
                 "args": ["gpuhook-hook", "--config", str(config), "prestart"],
-                "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"],
+                "env": hook_env(),
             }
         ]
     }

@@ -23,6 +23,7 @@ import pytest
 from support.e2e import need_root, need_tool
 from support.glibc import glibc_rootfs
 from support.runc import make_bundle, need_busybox, runc_run, unique_id
+from support.service import GPUHOOK, Running, no_fallback, start
 from test_hook_e2e import PROBE, nodes, write_config
 
 from gpuhook.cli import entry as hook_entry
@@ -30,7 +31,6 @@ from gpuhook.service import protocol
 
 NEEDS_NATIVE = pytest.mark.skipif(hook_entry.native_entry() is None, reason="the native entry was not built")
 HOOK_PATH_ENV = "PATH=/usr/sbin:/usr/bin:/sbin:/bin"
-GPUHOOK = str(Path(sys.executable).with_name("gpuhook"))
 
 
 def state(bundle: Path, cid: str = "c1", pid: int = 1) -> bytes:
@@ -113,29 +113,8 @@ def test_extra_descriptors_are_closed_never_kept() -> None:
 # --- the running service ----------------------------------------------------------------------------------------
 
 
-class Running:
-    def __init__(self, proc: subprocess.Popen[bytes], sock: Path, log: Path) -> None:
-        self.proc, self.sock, self.log = proc, sock, log
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=20)
-
-
 def start_service(tmp: Path, config: Path) -> Running:
-    sock = tmp / "run" / "service.sock"
-    log = tmp / "service.err"
-    with open(log, "wb") as err:
-        proc = subprocess.Popen([GPUHOOK, "service", "--config", str(config), "--socket", str(sock)],
-                                stdin=subprocess.DEVNULL, stdout=err, stderr=err)
-    deadline = time.monotonic() + 30
-    while not sock.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise AssertionError(f"service did not start: {log.read_text()}")
-        time.sleep(0.02)
-    return Running(proc, sock, log)
+    return start(tmp / "run" / "service.sock", config, tmp / "service.err")
 
 
 @pytest.fixture()
@@ -272,12 +251,6 @@ def native(root_tmp: Path) -> Path:
     if hook_entry.native_entry() is None:
         pytest.skip("the native entry was not built")
     return Path(hook_entry.install(str(root_tmp / "bin" / "gpuhook-hook"))[0])
-
-
-def no_fallback(entry: Path, marker: Path) -> None:
-    """Replace the Python entry with one that only leaves a mark: any fallback shows."""
-    script = entry.with_name(entry.name + ".py")
-    script.write_text(f"#!/bin/sh\necho ran >> {marker}\necho 'gpuhook-hook: fallback ran' >&2\nexit 3\n")
 
 
 def run_native(entry: Path, sock: Path, args: list[str], body: bytes, timeout_ms: int | None = None,

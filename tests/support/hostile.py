@@ -60,6 +60,18 @@ def hook_binary() -> str:
     return str(path) if path.exists() else shutil.which("gpuhook-hook") or ""
 
 
+HOOK_PATH = "PATH=/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def hook_env() -> list[str]:
+    """The fixed environment of an OCI hook entry in the tests: PATH, and in the suite's service mode
+    (support/service.py) the socket of the session's service, which the native entry then talks to."""
+    from support.service import SOCKET_ENV
+
+    sock = os.environ.get(SOCKET_ENV)
+    return [HOOK_PATH, *([f"GPUHOOK_SERVICE_SOCKET={sock}"] if sock else [])]
+
+
 def need_hook_e2e(*tools: str) -> None:
     """The gate of a test that starts runc containers with the installed hook: root, runc, `tools` (e.g.
     gcc for planted libraries), a static busybox, and gpuhook-hook (hook_binary())."""
@@ -93,7 +105,7 @@ def write_config(directory: Path, driver_root: Path, **extra: Any) -> Path:
 def prestart_hooks(config: Path, timeout: int | None = None) -> dict[str, list[dict[str, Any]]]:
     """OCI hooks object running gpuhook-hook at prestart with a fixed, minimal environment."""
     hook: dict[str, Any] = {"path": hook_binary(), "args": ["gpuhook-hook", "--config", str(config), "prestart"],
-                            "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"]}
+                            "env": hook_env()}
     if timeout is not None:
         hook["timeout"] = timeout
     return {"prestart": [hook]}

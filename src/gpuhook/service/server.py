@@ -117,8 +117,29 @@ def bind_socket(path: str) -> socket.socket:
     return sock
 
 
-def peer_uid(conn: socket.socket) -> int:
-    return _PEERCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))[1]
+def peer_cred(conn: socket.socket) -> tuple[int, int]:
+    """(pid, uid) of the peer as the kernel saw it connect; the pid is 0 when it lives in a PID namespace this
+    service cannot see."""
+    pid, uid, _gid = _PEERCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+    return pid, uid
+
+
+def peer_mount_namespace(pid: int) -> int | None:
+    """An fd of the hook client's mount namespace when it is not the service's own (a runtime run in a private
+    mount namespace, with its own /sys/fs/cgroup or /proc), else None. The client is blocked on this very
+    connection until it is answered, so its pid names it throughout. What the in-process hook would see there
+    (its config, its cgroup mounts, the /proc of its PID namespace) is what the start must use."""
+    if pid <= 0:
+        return None
+    try:
+        fd = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    theirs, ours = os.fstat(fd), os.stat("/proc/self/ns/mnt")
+    if (theirs.st_dev, theirs.st_ino) == (ours.st_dev, ours.st_ino):
+        os.close(fd)
+        return None
+    return fd
 
 
 def check_pid_fd(state_text: bytes, pid_fd: int) -> None:
@@ -259,7 +280,7 @@ class Service:
         and nothing else); the start that touches a container goes on in a child forked for it."""
         start = time.monotonic()
         try:
-            uid = peer_uid(conn)
+            peer_pid, uid = peer_cred(conn)
             if uid != 0:
                 self._answer(conn, 1, f"gpuhook-hook: service: refused: peer uid {uid} is not root")
                 print(f"gpuhook service: refused a connection from uid {uid}", file=sys.stderr, flush=True)
@@ -269,6 +290,10 @@ class Service:
             self._answer(conn, 1, f"gpuhook-hook: service: {render(exc)}")
             return
         except OSError:
+            return
+        client_ns = peer_mount_namespace(peer_pid)
+        if client_ns is not None:
+            self._serve_elsewhere(conn, request, client_ns, start)
             return
         child = False
 
@@ -290,9 +315,8 @@ class Service:
         try:
             try:
                 config_path = prestart.config_path_for(request.argv, request.config_env)
-            except SystemExit as exc:  # a bad argv: the in-process hook's own words and status
-                code = exc.code if isinstance(exc.code, int) else 1
-                self._answer(conn, code, "" if isinstance(exc.code, int) or exc.code is None else str(exc.code))
+            except SystemExit as exc:
+                self._answer_exit(conn, exc)
                 return
             code, line = prestart.handle(config_path, lambda: request.state, start, load=self.load,
                                          before_inject=fork_for_injection, plan=self.plan)
@@ -309,6 +333,49 @@ class Service:
             if request.pid_fd is not None and not child:
                 os.close(request.pid_fd)
 
+    def _serve_elsewhere(self, conn: socket.socket, request: protocol.Request, client_ns: int,
+                         start: float) -> None:
+        """A client in another mount namespace: the whole start, as the in-process hook would run it there, in a
+        child that joined that namespace first (its config file, its cgroup mounts, its /proc and so the PID
+        namespace the state's pid is in); nothing of this process's warm config or plans is used for it."""
+        try:
+            if len(self.children) >= MAX_CHILDREN:
+                self.reap(block=True)
+            gc.freeze()
+            pid = os.fork()
+        except OSError as exc:
+            pid = -1
+            self._answer(conn, 1, f"gpuhook-hook: service: {render(exc)}")
+        if pid != 0:  # the parent (or no child): the descriptors are the child's alone
+            if pid > 0:
+                self.children.add(pid)
+            os.close(client_ns)
+            if request.pid_fd is not None:
+                os.close(request.pid_fd)
+            return
+        code = 1
+        try:
+            self._enter_child()
+            from gpuhook import _native
+
+            _native.setns(client_ns, _native.CLONE_NEWNS)
+            os.close(client_ns)
+            config_path = prestart.config_path_for(request.argv, request.config_env)
+
+            def disposable(state_text: bytes) -> bool:
+                if request.pid_fd is not None:
+                    check_pid_fd(state_text, request.pid_fd)
+                return True
+
+            code, line = prestart.handle(config_path, lambda: request.state, start, before_inject=disposable)
+            self._answer(conn, code, line)
+        except SystemExit as exc:
+            code = self._answer_exit(conn, exc)
+        except BaseException as exc:  # noqa: BLE001 - a child must never return into the accept loop
+            self._answer(conn, 1, f"gpuhook-hook: service: {render(exc)}")
+        finally:
+            os._exit(0 if code == 0 else 1)
+
     def _enter_child(self) -> None:
         """In the forked child: one start, then exit, so no collector, no signal handlers, no listener."""
         gc.disable()
@@ -316,6 +383,13 @@ class Service:
             signal.signal(sig, signal.SIG_DFL)
         if self.listener is not None:
             self.listener.close()
+
+    @classmethod
+    def _answer_exit(cls, conn: socket.socket, exc: SystemExit) -> int:
+        """A bad argv (config_path_for's SystemExit): the in-process hook's own words and status."""
+        code = exc.code if isinstance(exc.code, int) else 1
+        cls._answer(conn, code, "" if isinstance(exc.code, int) or exc.code is None else str(exc.code))
+        return code
 
     @staticmethod
     def _answer(conn: socket.socket, code: int, line: str) -> None:

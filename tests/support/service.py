@@ -1,0 +1,87 @@
+"""A running `gpuhook service` for tests and benchmarks, and the suite's service mode.
+
+`start(sock, config, log)` starts one and waits for its socket; `Running.stop()` ends it with SIGTERM (by its
+own Popen, so by PID).
+
+The suite's service mode (GPUHOOK_TEST_SERVICE, which .ci/run sets for its extra passes over the hook's
+end-to-end tests): a session fixture in conftest installs the native entry, and every OCI hook the tests
+configure (hostile.hook_binary, hostile.hook_env) is that entry, pointed at
+- `running` (or 1): one `gpuhook service` for the whole session, which answers every start;
+- `stopped`: a socket path nothing listens on, so the entry execs its Python fallback beside it.
+Unset, the tests run pip's `gpuhook-hook` console script, as before there was a service.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+GPUHOOK = str(Path(sys.executable).with_name("gpuhook"))
+MODE_ENV = "GPUHOOK_TEST_SERVICE"
+SOCKET_ENV = "GPUHOOK_TEST_SERVICE_SOCKET"  # set by the session fixture: the socket the hooks are pointed at
+
+
+def service_mode() -> str:
+    """"running", "stopped" or "" (off); anything else is an error, never silently off."""
+    value = os.environ.get(MODE_ENV, "").strip().lower()
+    if value in ("", "0", "false", "no"):
+        return ""
+    if value in ("1", "running"):
+        return "running"
+    if value == "stopped":
+        return value
+    raise AssertionError(f"{MODE_ENV}={value!r}: expected running, stopped or unset")
+
+
+class Running:
+    def __init__(self, proc: subprocess.Popen[bytes], sock: Path, log: Path) -> None:
+        self.proc, self.sock, self.log = proc, sock, log
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=20)
+
+
+def start(sock: Path, config: Path | None, log: Path, command: list[str] | None = None) -> Running:
+    """`gpuhook service [--config CONFIG] --socket SOCK`, its stderr in `log`; AssertionError if it does not come up
+    within 30 s (its stderr quoted)."""
+    argv = [*(command or [GPUHOOK]), "service", *(["--config", str(config)] if config else []), "--socket", str(sock)]
+    with open(log, "wb") as err:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=err, stderr=err)
+    deadline = time.monotonic() + 30
+    while not sock.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            proc.wait()
+            raise AssertionError(f"gpuhook service did not start: {log.read_text()[-800:]}")
+        time.sleep(0.02)
+    return Running(proc, sock, log)
+
+
+def no_fallback(entry: Path, marker: Path) -> None:
+    """Replace the native entry's Python fallback (`entry`.py) with one that only leaves a mark and fails the
+    start: where a service must answer, any fallback shows."""
+    script = entry.with_name(entry.name + ".py")
+    script.write_text(f"#!/bin/sh\necho ran >> {marker}\necho 'gpuhook-hook: fallback ran' >&2\nexit 3\n")
+
+
+def session_service(tmp: Path, mode: str) -> Running | None:
+    """Service mode's setup: the native entry installed under `tmp`, and with `running` one service (the default
+    config: every hook names its own with --config) on `tmp`/run/service.sock; the variables hostile.hook_binary
+    and hook_env read are pointed at them. The entry must be the native one, or this mode would test nothing."""
+    from gpuhook.cli.entry import install, native_entry
+
+    assert native_entry() is not None, f"{MODE_ENV}={mode} needs the native entry (built by `pip install .`)"
+    entry = install(str(tmp / "bin" / "gpuhook-hook"))[0]
+    os.environ["GPUHOOK_TEST_HOOK"] = entry
+    if mode == "stopped":
+        os.environ[SOCKET_ENV] = str(tmp / "none" / "service.sock")
+        return None
+    running = start(tmp / "run" / "service.sock", None, tmp / "service.err")
+    no_fallback(Path(entry), tmp / "fallback-ran")  # every start of the session must be the service's
+    os.environ[SOCKET_ENV] = str(running.sock)
+    return running
