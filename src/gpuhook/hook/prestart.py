@@ -88,7 +88,12 @@ def run(state_text: bytes, config: Config, check: Callable[[bytes], None] | None
         return f"{state.id} skip request={request.kind}{notes}"
     if check is not None:
         check(state_text)
-    return f"{state.id} " + _inject(config, state.pid, bundle.rootfs, request) + notes
+    recorded = ""
+    if request.cdi_ignored:  # the device plugin's record (hook/cdiignored.py), from the host, before injecting
+        from gpuhook.hook.cdiignored import note
+
+        recorded = note(config.state_dir, state.id, request.cdi_ignored)
+    return f"{state.id} " + _inject(config, state.pid, bundle.rootfs, request) + notes + recorded
 
 
 def _inject(config: Config, pid: int, rootfs: str, request: Request) -> str:
