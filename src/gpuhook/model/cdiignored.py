@@ -1,7 +1,8 @@
 """The record a hook or shim leaves when the container runtime ignored a container's CDI devices, and its parser.
 
 Written by `hook/cdiignored.py` (one per node, `contract.CDI_IGNORED_RECORD` in the state directory) and read by
-the device plugin (`plugin/cdiignored.py`), which cannot import the hook: so the format lives here, once. Plain
+the device plugin (`plugin/cdiignored.py`) and doctor, which cannot import each other (nor the plugin the hook):
+so the format, and the sentence both say about it, live here, once. Plain
 `key value` lines, each value escaped and clipped (errors.clip) when the record is made, so the file is bounded
 and a container id or pod env cannot forge a line of it, nor of the plugin's log. Pure: no I/O.
 """
@@ -45,3 +46,11 @@ def parse(data: bytes) -> CdiIgnored | None:
     if not values.get("container") or not values.get("devices"):
         return None
     return CdiIgnored(values["container"], values["devices"], values.get("time", ""))
+
+
+def message(rec: CdiIgnored) -> str:
+    """What the record means, in one line: the plugin's warning, doctor's finding."""
+    when = f" at {rec.time}" if rec.time else ""
+    return (f"the container runtime ignored the CDI devices of container {rec.container} ({rec.devices}){when}: "
+            "its GPUs came through NVIDIA_VISIBLE_DEVICES and gpuhook's hook/shim; enable CDI in the runtime "
+            "(containerd >= 1.7: enable_cdi) or keep the hook/shim wiring")

@@ -5,8 +5,8 @@ whether the runtime applied the CDI names (containerd >= 1.7 with enable_cdi, CR
 1.6), its GPUs then coming through NVIDIA_VISIBLE_DEVICES and gpuhook's hook or shim. Those leave a record in the
 node's state directory (hook/cdiignored.py, format in model/cdiignored.py); this thread watches the directory
 (inotify through plugin/watch.DirWatcher, a poll where there is none or the directory does not exist yet), logs
-one warning for the first record it sees, one already there at start included, and then ends: once per plugin
-process, not per container.
+one warning (model/cdiignored.message) for the first record it sees, one already there at start included, and
+then ends: once per plugin process, not per container.
 """
 
 from __future__ import annotations
@@ -18,21 +18,13 @@ import threading
 from gpuhook.errors import GpuhookError, clip
 from gpuhook.fileio.atomic import read_regular
 from gpuhook.model import cdiignored
-from gpuhook.model.cdiignored import CdiIgnored
+from gpuhook.model.cdiignored import CdiIgnored, message
 from gpuhook.model.contract import CDI_IGNORED_RECORD
 from gpuhook.plugin.watch import DirWatcher
 
 log = logging.getLogger("gpuhook.plugin.cdiignored")
 
 TICK = 5.0  # seconds between looks when nothing wakes the watcher (a record written in place, no inotify)
-
-
-def message(rec: CdiIgnored) -> str:
-    """The one line the plugin logs (its logger, gpuhook.plugin.cdiignored, names the plugin)."""
-    when = f" at {rec.time}" if rec.time else ""
-    return (f"the container runtime ignored the CDI devices of container {rec.container} "
-            f"({rec.devices}){when}: its GPUs came through NVIDIA_VISIBLE_DEVICES and gpuhook's hook/shim; enable "
-            "CDI in the runtime (containerd >= 1.7: enable_cdi) or keep the hook/shim wiring")
 
 
 class CdiIgnoredWatch:
