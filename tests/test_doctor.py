@@ -423,6 +423,26 @@ def test_containerd_1_6_and_1_7(tmp_path: Path) -> None:
     assert statuses(found) == [OK]
 
 
+def test_a_recorded_runtime_that_ignored_cdi_devices_is_one_warning(tmp_path: Path, fake_driver: Any) -> None:
+    """The hook's or shim's record (hook/cdiignored.py), as the device plugin says it; none without one."""
+    from gpuhook.hook.cdiignored import record
+
+    state = tmp_path / "state"
+    config = config_file(tmp_path, state_dir=str(state))
+    _, report = doctor(*roots(fake_driver), "--spec-dir", str(tmp_path / "cdi"), "--config", str(config))
+    assert not [m for m in messages(report, WARN) if "ignored the CDI devices" in m]
+    record(str(state), "c-ctr", ("nvidia.com/gpu=1",))
+    _, report = doctor(*roots(fake_driver), "--spec-dir", str(tmp_path / "cdi"), "--config", str(config))
+    (finding,) = [f for f in report["findings"] if "ignored the CDI devices" in f["message"]]
+    assert (finding["section"], finding["status"]) == ("runtimes", WARN)
+    assert finding["message"].startswith("the container runtime ignored the CDI devices of container c-ctr "
+                                         "(nvidia.com/gpu=1) at ")
+    assert finding["fix"] == f"once the runtime applies CDI devices: rm {state / 'cdi-ignored'}"
+    (state / "cdi-ignored").rename(tmp_path / "moved")
+    (state / "cdi-ignored").symlink_to(tmp_path / "moved")  # not read through a link
+    assert rt.check_cdi_ignored(str(state)) == [] and rt.check_cdi_ignored("") == []
+
+
 def test_containerd_binary_name_shim(tmp_path: Path) -> None:
     p = paths(tmp_path)
     config = Path(p.containerd_config)

@@ -175,6 +175,25 @@ def test_untouched_containers(e2e: Path, fake_driver: Any, env: list[str]) -> No
     assert " skip request=" in (e2e / "gpuhook.log").read_text()
 
 
+def test_a_runtime_that_ignored_cdi_devices_is_recorded_for_the_plugin(e2e: Path, fake_driver: Any) -> None:
+    """Allocate's marker beside a variable no CDI spec turned to void: the GPU as always, and the record."""
+    from gpuhook.model import cdiignored
+
+    state = e2e / "state"
+    marker = "GPUHOOK_CDI_DEVICES=nvidia.com/gpu=1"
+    result, rootfs = run(e2e, fake_driver, ["NVIDIA_VISIBLE_DEVICES=1", marker], {"state_dir": str(state)})
+    assert result.returncode == 0, result.stderr
+    assert nodes(result.stdout) == ["nvidia-uvm", "nvidia-uvm-tools", "nvidia1", "nvidiactl"]
+    rec = cdiignored.parse((state / "cdi-ignored").read_bytes())
+    assert rec is not None and rec.devices == "nvidia.com/gpu=1" and rec.container.startswith("hook-")
+    assert "(runtime ignored CDI devices nvidia.com/gpu=1: recorded in " in (e2e / "gpuhook.log").read_text()
+    (state / "cdi-ignored").unlink()
+    applied, _ = run(e2e, fake_driver, ["NVIDIA_VISIBLE_DEVICES=void", marker], {"state_dir": str(state)},
+                     rootfs=rootfs)
+    assert applied.returncode == 0 and nodes(applied.stdout) == []  # the CDI runtime's void: untouched
+    assert list(state.iterdir()) == []
+
+
 def test_utility_only(e2e: Path, fake_driver: Any) -> None:
     result, _ = run(e2e, fake_driver, ["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES=utility"])
     assert result.returncode == 0, result.stderr

@@ -35,12 +35,14 @@ def inventory(fake: Any) -> Inventory:
 
 @contextlib.contextmanager
 def running(fake: Any, kubelet: TestKubelet, options: Options = Options(), health_config: HealthConfig = FAST_HEALTH,
-            ) -> Iterator[Plugin]:
-    """The plugin in this process (its run loop on a thread), against `fake`, registered with `kubelet`."""
+            hook_state_dir: str | None = None) -> Iterator[Plugin]:
+    """The plugin in this process (its run loop on a thread), against `fake`, registered with `kubelet`; the hooks'
+    state dir watched only when given (never the host's /run/gpuhook)."""
     inv = inventory(fake)
     config = PluginConfig(options=options, kubelet_dir=kubelet.directory,
                           cdi_spec_dir=os.path.join(os.path.dirname(kubelet.directory), "cdi"),
-                          hook_path="/bin/true", health=health_config, sys_root=str(fake.root / "sys"))
+                          hook_path="/bin/true", health=health_config, sys_root=str(fake.root / "sys"),
+                          hook_state_dir=hook_state_dir)
     plugin = Plugin(config, lambda: inv)
     plugin.start()
     thread = threading.Thread(target=plugin.run, daemon=True)
@@ -142,6 +144,10 @@ def test_allocate_one_and_two_devices(fake_driver: Any, kubelet: TestKubelet, id
             assert cdi == ([f"{GPU}={i}" for i in want] if "cdi-cri" in strategies else [])
             assert set(cdi) <= spec_names  # every name Allocate returns resolves in the spec we wrote
             env = dict(got.envs)
+            # the marker beside CDI names and the variable, so the hook can tell a runtime that ignored the names
+            marker = env.pop("GPUHOOK_CDI_DEVICES", None)
+            both = "cdi-cri" in strategies and {"envvar", "volume-mounts"} & set(strategies)
+            assert marker == (",".join(cdi) if both else None)
             if "envvar" in strategies:
                 assert env["NVIDIA_VISIBLE_DEVICES"] == ",".join(want)
             elif "volume-mounts" in strategies:

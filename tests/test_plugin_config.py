@@ -446,7 +446,7 @@ def test_default_strategy_gives_the_gpu_once_with_or_without_cdi(fake_driver: An
     env names exactly that GPU for gpuhook's hook; on a CDI runtime the spec's edits give the device and the
     spec's NVIDIA_VISIBLE_DEVICES=void keeps the hook from injecting it a second time."""
     from gpuhook.cdi import codec
-    from gpuhook.model.request import visible_devices
+    from gpuhook.model.request import parse_request, visible_devices
 
     with running(fake_driver, kubelet, Options()) as plugin:
         kubelet.wait_registrations(1)
@@ -456,6 +456,10 @@ def test_default_strategy_gives_the_gpu_once_with_or_without_cdi(fake_driver: An
         image = ["PATH=/usr/bin", "NVIDIA_VISIBLE_DEVICES=all"]  # a CUDA image's own default
         assert visible_devices(container_env(image, resp, None)) == ("list", (ids[1],))
         assert visible_devices(container_env(image, resp, spec)) == ("void", ())
+        # and the hook or shim can tell which of the two happened (the record for the plugin: test_cdi_ignored.py)
+        names = tuple(c.name for c in resp.cdi_devices)
+        assert parse_request([f"{k}={v}" for k, v in container_env(image, resp, None).items()]).cdi_ignored == names
+        assert parse_request([f"{k}={v}" for k, v in container_env(image, resp, spec).items()]).cdi_ignored == ()
         device = next(d for d in spec["devices"] if d["name"] == ids[1])
         assert [n["path"] for n in device["containerEdits"]["deviceNodes"]][:1] == ["/dev/nvidia1"]
         assert [c.name for c in resp.cdi_devices] == [f"{GPU}={ids[1]}"]

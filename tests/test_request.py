@@ -6,6 +6,7 @@ import pytest
 
 from gpuhook.errors import RequestError
 from gpuhook.model import catalogue
+from gpuhook.model.record import replace
 from gpuhook.model.request import (
     MAX_VALUE_CHARS,
     VOLUME_MOUNT_DIR,
@@ -280,3 +281,39 @@ def test_volume_mount_ids_keep_their_path() -> None:
     assert notes == ["ignored the mount request 'cdi/bogus': not cdi/<vendor>/<class>/<name>"]
     req = parse_request([], mounts[5:6], policy=Policy(accept_volume_mounts=True))
     assert (req.kind, req.source) == ("list", "volume-mounts")
+
+
+# -- a runtime that ignored the CDI devices (contract.CDI_DEVICES_MARKER) --------------------------------------------
+
+MARKER = "GPUHOOK_CDI_DEVICES=nvidia.com/gpu=GPU-a,nvidia.com/gpu=GPU-b"
+
+
+@pytest.mark.parametrize(("env", "ignored"), [
+    # Allocate's envs as containerd 1.6 leaves them: the variable still names the devices
+    (["NVIDIA_VISIBLE_DEVICES=GPU-a,GPU-b", MARKER], ("nvidia.com/gpu=GPU-a", "nvidia.com/gpu=GPU-b")),
+    (["NVIDIA_VISIBLE_DEVICES=all", MARKER], ("nvidia.com/gpu=GPU-a", "nvidia.com/gpu=GPU-b")),
+    # a CDI runtime applied the spec: its NVIDIA_VISIBLE_DEVICES=void came last
+    (["NVIDIA_VISIBLE_DEVICES=GPU-a,GPU-b", MARKER, "NVIDIA_VISIBLE_DEVICES=void"], ()),
+    (["NVIDIA_VISIBLE_DEVICES=void", MARKER], ()),
+    (["NVIDIA_VISIBLE_DEVICES=", MARKER], ()),  # empty is void
+    ([MARKER], ()),  # no variable: nothing says how a GPU would come
+    (["NVIDIA_VISIBLE_DEVICES=GPU-a"], ()),  # no marker: not gpuhook's plugin, or a strategy without CDI
+    (["NVIDIA_VISIBLE_DEVICES=GPU-a", "GPUHOOK_CDI_DEVICES="], ()),
+])
+def test_cdi_ignored_is_the_marker_beside_a_variable_that_is_not_void(env: list[str],
+                                                                     ignored: tuple[str, ...]) -> None:
+    req = parse_request(env)
+    assert req.cdi_ignored == ignored
+    if "NVIDIA_VISIBLE_DEVICES=void" in env:
+        assert req.kind == "void" and not req.wants_gpu_setup  # and the hook leaves the container alone
+
+
+def test_cdi_ignored_does_not_change_what_is_injected() -> None:
+    plain = parse_request(["NVIDIA_VISIBLE_DEVICES=GPU-a"])
+    marked = parse_request(["NVIDIA_VISIBLE_DEVICES=GPU-a", MARKER])
+    assert marked.cdi_ignored and marked == replace(plain, cdi_ignored=marked.cdi_ignored)
+
+
+def test_cdi_ignored_is_bounded_like_every_list() -> None:
+    with pytest.raises(RequestError, match="^GPUHOOK_CDI_DEVICES names 5000 devices, more than 4096"):
+        parse_request(["NVIDIA_VISIBLE_DEVICES=0", "GPUHOOK_CDI_DEVICES=" + ",".join(f"x{i}" for i in range(5000))])

@@ -371,6 +371,45 @@ def test_bundle_with_gpuhook_prestart_hook_is_left_to_the_hook(tmp_path: Path, f
     assert digest(bundle / "config.json") == before
 
 
+MARKER = "GPUHOOK_CDI_DEVICES=nvidia.com/gpu=1"  # what the device plugin's Allocate sets beside the variable
+
+
+def test_a_runtime_that_ignored_cdi_devices_is_recorded_for_the_plugin(tmp_path: Path, fake_driver: Any) -> None:
+    from gpuhook.model import cdiignored
+
+    state = tmp_path / "state"
+    bundle = bundle_with(tmp_path, ["NVIDIA_VISIBLE_DEVICES=1", MARKER])  # containerd 1.6: the spec not applied
+    config = hook_config(tmp_path, fake_driver.root, state_dir=str(state))
+    result = run_shim(tmp_path, ["create", "--bundle", str(bundle), "c1"], config)
+    assert result.returncode == 7, result.stderr
+    paths = [d["path"] for d in json.loads((bundle / "config.json").read_text())["linux"]["devices"]]
+    assert "/dev/nvidia1" in paths  # the container still gets its GPU
+    rec = cdiignored.parse((state / "cdi-ignored").read_bytes())
+    assert rec is not None and (rec.container, rec.devices) == ("c1", "nvidia.com/gpu=1")
+    log = (tmp_path / "gpuhook.log").read_text()
+    assert " runtime inject devices=" in log and "(runtime ignored CDI devices nvidia.com/gpu=1: recorded in " in log
+
+
+def test_cdi_devices_the_runtime_applied_leave_no_record(tmp_path: Path, fake_driver: Any) -> None:
+    state = tmp_path / "state"
+    # a CDI runtime: the spec's NVIDIA_VISIBLE_DEVICES=void replaced Allocate's
+    bundle = bundle_with(tmp_path, ["NVIDIA_VISIBLE_DEVICES=void", MARKER])
+    before = digest(bundle / "config.json")
+    config = hook_config(tmp_path, fake_driver.root, state_dir=str(state))
+    assert run_shim(tmp_path, ["create", "--bundle", str(bundle), "c1"], config).returncode == 7
+    assert digest(bundle / "config.json") == before and not state.exists()
+    assert " runtime skip request=void" in (tmp_path / "gpuhook.log").read_text()
+
+
+def test_an_unwritable_record_never_fails_the_start(tmp_path: Path, fake_driver: Any) -> None:
+    (tmp_path / "state").write_text("a file, not a directory\n")
+    bundle = bundle_with(tmp_path, ["NVIDIA_VISIBLE_DEVICES=1", MARKER])
+    config = hook_config(tmp_path, fake_driver.root, state_dir=str(tmp_path / "state"))
+    result = run_shim(tmp_path, ["create", "--bundle", str(bundle), "c1"], config)
+    assert result.returncode == 7, result.stderr  # the real runtime ran
+    assert "(runtime ignored CDI devices nvidia.com/gpu=1; no record: " in (tmp_path / "gpuhook.log").read_text()
+
+
 # --- end to end with runc -------------------------------------------------------------------------------------
 
 PROBE = (

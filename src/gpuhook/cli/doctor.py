@@ -114,6 +114,7 @@ def doctor(driver_root: str | None, dev_root: str | None, proc_root: str | None,
     chosen = [r for r in runtimes if r != "none"] if runtimes else rt.installed()
     paths = rt.Paths(generate_flags=flags, spec_dirs=dirs)
     report.add(rt.check_runtimes(chosen, status, paths))
+    report.add(rt.check_cdi_ignored(config.state_dir))
     if inv is not None:
         from gpuhook.doctor.systemd import check_dev_char
 

@@ -18,6 +18,7 @@ from click.core import ParameterSource
 from gpuhook.cli.app import CACHE_OPTION, root_options
 from gpuhook.cli.inventory import load_inventory
 from gpuhook.errors import ConfigError, GpuhookError, clip
+from gpuhook.model.contract import STATE_DIR
 from gpuhook.plugin.devices import (
     DEFAULT_LIST_STRATEGIES,
     ID_STRATEGIES,
@@ -108,6 +109,10 @@ def default_hook_path() -> str:
               help="Make <DIR>/<major>:<minor> links to every NVIDIA node at start and at each rediscovery, so that "
                    "systemd keeps them in containers' cgroups across daemon-reload (the DaemonSet: /dev/char) "
                    "[default: none].")
+@click.option("--hook-state-dir", default=STATE_DIR, show_default=True, metavar="DIR",
+              help="The nodes' hook state-dir (the DaemonSet mounts the host's): a hook or shim records there a "
+                   "container runtime that ignored Allocate's CDI devices, and the plugin logs it once "
+                   "[empty: not watched].")
 @click.option("--feature-file", default=None,
               help="Keep an NFD feature file of GPU labels current, e.g. "
                    "/etc/kubernetes/node-feature-discovery/features.d/gpuhook [default: none].")
@@ -119,7 +124,7 @@ def device_plugin(driver_root: str, dev_root: str | None, proc_root: str | None,
                   mig_strategy: str, fail_on_init_error: bool, pass_device_specs: bool, replicas: int,
                   cdi_spec_dir: str, host_driver_root: str | None, hook_path: str | None, health_checks: str,
                   ignored_xids: str, recovery_window: float, health_interval: float, sys_root: str,
-                  dev_char_path: str | None, feature_file: str | None, log_level: str,
+                  dev_char_path: str | None, hook_state_dir: str, feature_file: str | None, log_level: str,
                   inventory_cache: str | None) -> None:
     """Kubelet device plugin: advertise GPUs with health, answer Allocate with CDI device names."""
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
@@ -165,6 +170,7 @@ def device_plugin(driver_root: str, dev_root: str | None, proc_root: str | None,
         feature_file=os.path.abspath(feature_file) if feature_file else None,
         fail_on_init_error=settings["fail_on_init_error"],
         dev_char_path=os.path.abspath(dev_char_path) if dev_char_path else None,
+        hook_state_dir=os.path.abspath(hook_state_dir) if hook_state_dir else None,
     )
     method = settings["discovery"]
     try:

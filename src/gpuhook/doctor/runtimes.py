@@ -22,8 +22,11 @@ from gpuhook.cdi.registry import DEFAULT_SPEC_DIRS
 from gpuhook.doctor.daemons import Daemon, running_daemons
 from gpuhook.doctor.model import INFO, OK, PROBLEM, WARN, Finding
 from gpuhook.doctor.specs import SpecStatus
+from gpuhook.errors import GpuhookError
+from gpuhook.fileio.atomic import read_regular
 from gpuhook.fileio.tomlfile import tomllib
-from gpuhook.model import record
+from gpuhook.model import cdiignored, record
+from gpuhook.model.contract import CDI_IGNORED_RECORD
 from gpuhook.model.record import Record
 from gpuhook.shim.runtime import has_gpuhook_hook
 
@@ -412,3 +415,19 @@ def check_runtimes(names: Sequence[str], specs: SpecStatus, paths: Paths = Paths
     if not names:
         out.append(_f(INFO, "no container runtime checked"))
     return out
+
+
+def check_cdi_ignored(state_dir: str) -> list[Finding]:
+    """The hook's or shim's record (hook/cdiignored.py) that a runtime on this node ignored a container's CDI
+    devices, as the device plugin reports it: one WARN, and nothing without a record (or a state dir)."""
+    if not state_dir:
+        return []
+    path = os.path.join(state_dir, CDI_IGNORED_RECORD)
+    try:
+        rec = cdiignored.parse(read_regular(path, follow_links=False, limit=cdiignored.MAX_BYTES))
+    except (OSError, GpuhookError):  # absent, or not a regular file (a link is not read): no record
+        return []
+    if rec is None:
+        return []
+    return [_f(WARN, f"{cdiignored.message(rec)} (recorded in {path})",
+               f"once the runtime applies CDI devices: rm {path}")]

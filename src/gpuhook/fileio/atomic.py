@@ -50,12 +50,14 @@ def kind_of(mode: int) -> str:
     return next((name for test, name in _KINDS if test(mode)), "a regular file")
 
 
-def read_regular(path: str) -> bytes:
-    """The content of the regular file at `path` (symlinks followed). Opened non-blocking, so a FIFO planted at
+def read_regular(path: str, follow_links: bool = True, limit: int | None = None) -> bytes:
+    """The content of the regular file at `path` (symlinks followed unless `follow_links` is false: then a link
+    at `path` is OSError ELOOP), its first `limit` bytes when given. Opened non-blocking, so a FIFO planted at
     the path cannot hold the caller up, and checked with fstat; FileKindError for anything but a regular file,
     OSError (FileNotFoundError when absent) for the rest."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY | (0 if follow_links else os.O_NOFOLLOW)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+        fd = os.open(path, flags)
     except OSError as exc:
         if exc.errno == errno_mod.ENXIO:  # a unix socket (or a device without its driver) cannot be opened
             raise FileKindError(path, kind_of(os.stat(path).st_mode)) from None
@@ -64,9 +66,13 @@ def read_regular(path: str) -> bytes:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
             raise FileKindError(path, kind_of(mode))
-        chunks = []
-        while chunk := os.read(fd, 1 << 20):
+        chunks, size = [], 0
+        while limit is None or size < limit:
+            chunk = os.read(fd, 1 << 20 if limit is None else min(limit - size, 1 << 20))
+            if not chunk:
+                break
             chunks.append(chunk)
+            size += len(chunk)
         return b"".join(chunks)
     finally:
         os.close(fd)

@@ -1,6 +1,7 @@
 """The hook's configuration: /etc/gpuhook/config.toml (TOML), defaults for every key.
 
-Read on every container start, also by containers that ask for no GPU, so this module imports only `os`:
+Read on every container start, also by containers that ask for no GPU, so this module imports only `os` (and
+the import-free model/contract.py the hook loads anyway):
 no dataclasses (they pull in `inspect`), no `re`, no tomllib (it pulls in `typing`, `string` and `datetime`)
 for the flat `key = value` files gpuhook's config actually is. Anything beyond that subset goes to tomllib, so
 every file parses exactly as tomllib parses it.
@@ -11,6 +12,7 @@ from __future__ import annotations
 import os
 
 from gpuhook.errors import ConfigError
+from gpuhook.model.contract import STATE_DIR
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
@@ -40,6 +42,8 @@ _FIELDS: dict[str, tuple[type, Any]] = {
     "swarm_resource": (list, ()),
     "annotation_prefixes": (list, ("cdi.k8s.io/",)),  # NVIDIA's modes.cdi.annotation-prefixes
     "service_socket": (str, "/run/gpuhook/service.sock"),  # `gpuhook service` listens here (service/server.py)
+    # where a start leaves the device plugin its record of a runtime that ignored CDI devices (hook/cdiignored.py)
+    "state_dir": (str, STATE_DIR),  # empty: none
 }
 # NVIDIA's own spellings, accepted so that a config.toml carried over from the toolkit means the same here.
 _ALIASES = {"supported_driver_capabilities": "supported_capabilities",
@@ -53,7 +57,7 @@ class Config:
 
     __slots__ = ("driver_root", "dev_root", "proc_root", "ldconfig", "log_file", "accept_envvar_unprivileged",
                  "accept_volume_mounts", "disable_require", "_supported_capabilities", "inventory_cache",
-                 "swarm_resource", "annotation_prefixes", "service_socket", "source")
+                 "swarm_resource", "annotation_prefixes", "service_socket", "state_dir", "source")
     driver_root: str
     dev_root: str
     proc_root: str
@@ -67,6 +71,7 @@ class Config:
     swarm_resource: tuple[str, ...]
     annotation_prefixes: tuple[str, ...]
     service_socket: str
+    state_dir: str
     source: str
 
     def __init__(self, source: str = "(defaults)", **values: Any) -> None:
@@ -280,8 +285,8 @@ def load_config(path: str | None) -> Config:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read config file {target}: {exc}") from None
     config = parse_config(text, target)
-    for key in ("driver_root", "proc_root"):
+    for key in ("driver_root", "proc_root", "state_dir"):  # a hook's cwd is the bundle: never relative
         value = getattr(config, key)
-        if not os.path.isabs(value):
+        if not os.path.isabs(value) and (value or key != "state_dir"):
             raise ConfigError(f"{target}: {key.replace('_', '-')} must be an absolute path, not {value!r}")
     return config

@@ -100,8 +100,13 @@ def run(state_text: bytes, config: Config, before_inject: Callable[[bytes], bool
         from gpuhook.errors import InjectionError
 
         raise InjectionError("OCI state has no pid: run gpuhook-hook at the prestart or createRuntime stage")
+    recorded = ""
+    if request.cdi_ignored:  # the device plugin's record (hook/cdiignored.py), from the host, before injecting
+        from gpuhook.hook.cdiignored import note
+
+        recorded = note(config.state_dir, state.id, request.cdi_ignored)
     disposable = before_inject(state_text) if before_inject is not None else False
-    return f"{state.id} " + _inject(config, state.pid, bundle.rootfs, planned, disposable) + notes
+    return f"{state.id} " + _inject(config, state.pid, bundle.rootfs, planned, disposable) + notes + recorded
 
 
 def _inject(config: Config, pid: int, rootfs: str, planned: Planned, disposable: bool) -> str:

@@ -27,6 +27,14 @@ GATED_DEVICE_ENV: dict[str, str] = {
     "mofed": "NVIDIA_MOFED",
     "gdrcopy": "NVIDIA_GDRCOPY",
 }
+# gpuhook's own, between its device plugin and its hook or shim. Allocate sets the marker to the CDI names it
+# returned beside NVIDIA_VISIBLE_DEVICES; the spec those names resolve to sets NVIDIA_VISIBLE_DEVICES=void, so a
+# container that still carries the marker with a non-void variable was started by a runtime that ignored its CDI
+# devices (model/request.py: Request.cdi_ignored). The hook or shim that injects it then leaves one record,
+# CDI_IGNORED_RECORD in the state directory (model/cdiignored.py), which the plugin watches and reports once.
+CDI_DEVICES_MARKER = "GPUHOOK_CDI_DEVICES"
+STATE_DIR = "/run/gpuhook"  # node-local, root's: the hook config's state-dir, the plugin's --hook-state-dir
+CDI_IGNORED_RECORD = "cdi-ignored"
 
 
 def has_gpu_signal(env: list[str], mounts: list[dict[str, object]], annotations: dict[str, str],

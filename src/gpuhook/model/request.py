@@ -14,6 +14,7 @@ from gpuhook.errors import RequestError, clip
 from gpuhook.model import catalogue
 from gpuhook.model.contract import (  # noqa: F401 - re-exported: the contract's names as the parser's
     CDI_ANNOTATION_PREFIX,
+    CDI_DEVICES_MARKER,
     CDI_KIND,
     DISABLE_REQUIRE,
     DRIVER_CAPABILITIES,
@@ -56,6 +57,7 @@ class Request(Record):
     imex_channels: tuple[str, ...] = ()  # channel numbers as decimal text, or ("all",)
     gated: tuple[str, ...] = ()  # contract.GATED_DEVICE_ENV names whose variable is `enabled`
     foreign_cdi: tuple[str, ...] = ()  # CDI names of other kinds in the annotations: the runtime's to inject
+    cdi_ignored: tuple[str, ...] = ()  # CDI names Allocate gave that the runtime did not apply (cdi_ignored())
 
     @property
     def wants_gpu_setup(self) -> bool:
@@ -334,6 +336,17 @@ def foreign_cdi_names(annotations: Mapping[str, object], prefixes: Sequence[str]
     return tuple(n for n in _annotation_names(annotations, prefixes) if n.partition("=")[0] != CDI_KIND)
 
 
+def cdi_ignored(env: Mapping[str, str]) -> tuple[str, ...]:
+    """The CDI names gpuhook's device plugin gave this container (contract.CDI_DEVICES_MARKER) when
+    NVIDIA_VISIBLE_DEVICES is still set and not void: their spec sets it to void, so the runtime did not apply
+    them (containerd 1.6), and the variable is how the container gets its GPUs. Empty without the marker (no
+    plugin, or a list strategy without both CDI and the variable) and where the runtime applied the spec."""
+    marker = env.get(CDI_DEVICES_MARKER)
+    if not marker or parse_visible_devices(env.get(VISIBLE_DEVICES))[0] in ("unset", "void"):
+        return ()
+    return tuple(split_ids(CDI_DEVICES_MARKER, marker))
+
+
 def _ids_request(ids: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
     if "all" in ids:
         return "all", ()
@@ -374,8 +387,9 @@ def parse_request(
     foreign = foreign_cdi_names(annotations or {}, policy.annotation_prefixes)
     if foreign:
         notes.append(f"CDI devices of other kinds left to the runtime: {clip(','.join(foreign), quote=False)}")
+    ignored = cdi_ignored(env)
     if kind in ("unset", "void"):
-        return Request(kind=kind, source=source, notes=tuple(notes), foreign_cdi=foreign)
+        return Request(kind=kind, source=source, notes=tuple(notes), foreign_cdi=foreign, cdi_ignored=ignored)
     caps = request_capabilities(env, legacy, policy.supported_capabilities)
     reqs = checked_requirements(env, policy)
     mig_flags = []
@@ -393,7 +407,8 @@ def parse_request(
         names = ",".join(GATED_DEVICE_ENV[g] for g in gated)
         notes.append(f"{names} ignored: unprivileged container and accept-envvar-unprivileged is false")
         gated = ()
-    return Request(kind, ids, caps, reqs, mig_flags[0], mig_flags[1], source, tuple(notes), imex, gated, foreign)
+    return Request(kind, ids, caps, reqs, mig_flags[0], mig_flags[1], source, tuple(notes), imex, gated, foreign,
+                   ignored)
 
 
 def imex_channel_id(text: str, origin: str) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from gpuhook.model.contract import VISIBLE_DEVICES, VOLUME_MOUNT_DIR
+from gpuhook.model.contract import CDI_DEVICES_MARKER, VISIBLE_DEVICES, VOLUME_MOUNT_DIR
 from gpuhook.model.record import Record
 from gpuhook.plugin import api_pb2 as pb
 from gpuhook.plugin.devices import REPLICA_SEP, Options, PluginDevice, annotation_key
@@ -58,7 +58,8 @@ def resolve(ids: Sequence[str], by_id: Mapping[str, PluginDevice], unhealthy: Ma
 
 def container_response(devices: Sequence[PluginDevice], options: Options,
                        specs: DeviceSpecs | None = None) -> pb.ContainerAllocateResponse:
-    """One container's answer. As NVIDIA's getAllocateResponse: the gated variables always, DeviceSpecs
+    """One container's answer. As NVIDIA's getAllocateResponse (plus gpuhook's CDI_DEVICES_MARKER beside CDI
+    names and NVIDIA_VISIBLE_DEVICES): the gated variables always, DeviceSpecs
     (`specs`, built only with passDeviceSpecs) only with a non-CDI strategy in the list (with CDI the spec gives
     the nodes)."""
     strategies = options.list_strategies
@@ -77,6 +78,10 @@ def container_response(devices: Sequence[PluginDevice], options: Options,
     if "cdi-annotations" in strategies:
         for d in devices:
             resp.annotations[annotation_key(d.base_id)] = d.cdi_name
+    if resp.cdi_devices and VISIBLE_DEVICES in resp.envs:
+        # Both ways at once: the marker lets gpuhook's hook or shim tell that the runtime ignored the CDI names
+        # (the variable is still not void) and leave the record the plugin reports (plugin/cdiignored.py).
+        resp.envs[CDI_DEVICES_MARKER] = ",".join(c.name for c in resp.cdi_devices)
     if specs is not None and any(s not in CDI_STRATEGIES for s in strategies):
         resp.devices.extend(specs.for_devices(devices))
     return resp

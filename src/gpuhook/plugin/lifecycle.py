@@ -5,7 +5,8 @@ registers. A recreated `kubelet.sock` (kubelet restarted) means register again; 
 its directory) means serve again on a fresh socket, then register. SIGTERM/SIGINT stop serving and remove the
 sockets; SIGHUP re-discovers (a device change: new topology, new spec, new lists), and so does a new driver version in
 /proc/driver/nvidia/version (a driver upgrade). With a feature file, the GPU feature labels follow every
-re-discovery and every health change.
+re-discovery and every health change. While it runs, the hooks' state directory is watched for their record of a
+runtime that ignored the CDI devices (plugin/cdiignored.py).
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ from collections.abc import Callable
 from types import FrameType
 
 from gpuhook.errors import GpuhookError
+from gpuhook.model.contract import STATE_DIR
 from gpuhook.model.inventory import Inventory
 from gpuhook.model.record import Record, field
 from gpuhook.plugin import cdispec, topology
+from gpuhook.plugin.cdiignored import CdiIgnoredWatch
 from gpuhook.plugin.devices import Options, Resource, plan
 from gpuhook.plugin.devicespecs import DeviceSpecs
 from gpuhook.plugin.featurefile import FeatureFile
@@ -51,6 +54,7 @@ class PluginConfig(Record):
     feature_file: str | None = None  # NFD features.d file kept current with the GPU feature labels
     fail_on_init_error: bool = True  # False: no usable GPU leaves the plugin running, serving nothing
     dev_char_path: str | None = None  # /dev/char links for every NVIDIA node (system/devchar.py); None: none
+    hook_state_dir: str | None = STATE_DIR  # the hooks' state-dir, watched for a runtime ignoring CDI; None: not
 
 
 class Served(Record, frozen=False):
@@ -87,6 +91,7 @@ class Plugin:
         self.features = FeatureFile(config.feature_file, config.options) if config.feature_file else None
         self.driver_version = ""  # what /proc/driver/nvidia/version said at the last discovery
         self._driver_checked = 0.0
+        self.cdi_ignored: CdiIgnoredWatch | None = None  # started by run()
 
     def _dev_char_links(self, inv: Inventory) -> None:
         """systemd daemon-reload keeps a container's GPU only when its node has a /dev/char link: made at every
@@ -199,6 +204,9 @@ class Plugin:
     def run(self) -> None:
         """Watch until stopped, then shut down. Returns normally (exit 0) after SIGTERM/SIGINT."""
         kubelet = _identity(self.kubelet_socket)
+        if self.config.hook_state_dir:
+            self.cdi_ignored = CdiIgnoredWatch(self.config.hook_state_dir)
+            self.cdi_ignored.start()
         try:
             while not self._stop.is_set():
                 self.watcher.wait(WATCH_TICK)
@@ -213,6 +221,8 @@ class Plugin:
                 kubelet = now
                 self.check(now[2] if restarted and now else None)
         finally:
+            if self.cdi_ignored is not None:
+                self.cdi_ignored.stop()
             self.shutdown()
             self.watcher.close()
 

@@ -287,6 +287,10 @@ def prepare(inv: Invocation, config_path: str | None) -> tuple[str, str]:
     from gpuhook.fileio.atomic import write_atomic
 
     write_atomic(path, (json.dumps(new, indent=2) + "\n").encode(), os.stat(path).st_mode & 0o7777)
+    if request.cdi_ignored:  # the device plugin's record (hook/cdiignored.py)
+        from gpuhook.hook.cdiignored import note
+
+        notes += note(config.state_dir, inv.container_id, request.cdi_ignored)
     return config.log_file, f"{inv.container_id} runtime inject {planned.summary()}{notes}"
 
 
