@@ -37,6 +37,7 @@ from support.e2e import need_root, need_tool
 from support.glibc import MULTIARCH, glibc_rootfs
 from support.podman import Podman
 from support.runc import make_bundle, runc_run, unique_id
+from support.service import service_mode
 
 from gpuhook.discover import Roots, discover
 from gpuhook.errors import InjectionError
@@ -556,12 +557,19 @@ HUGE_REQUESTS = {  # issue 17: each took minutes through a list membership test 
 
 
 @pytest.mark.parametrize("name", sorted(HUGE_REQUESTS))
-def test_huge_request_is_refused_in_one_bounded_line(e2e: None, fake: FakeDriver, tmp_path: Path, name: str) -> None:
+def test_huge_request_is_refused_in_one_bounded_line(e2e: None, fake: FakeDriver, tmp_path: Path, name: str,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """A real runc start through the prestart hook: refused before any per-item work, with one stderr line and
     one log line that name the variable and stay short (the value is clipped), and the image left alone.
     (podman cannot carry such an annotation: one argument is at most 128 KiB, MAX_ARG_STRLEN; the CDI spec's
-    hooks never read annotations, the prestart hook and the shim do.)"""
+    hooks never read annotations, the prestart hook and the shim do.) The 200k-name annotation makes a state
+    over the service's 1 MiB, which the native entry hands to its fallback by design: in the suite's service
+    mode that case gets an entry whose fallback is the real one."""
     env, annotations, names = HUGE_REQUESTS[name]
+    if service_mode() == "running" and annotations:
+        from gpuhook.cli.entry import install
+
+        monkeypatch.setenv("GPUHOOK_TEST_HOOK", install(str(tmp_path / "bin" / "gpuhook-hook"))[0])
     config = hostile.write_config(tmp_path, fake.root)
     rootfs = glibc_rootfs(tmp_path / "bundle", probe_cache=tmp_path.parent / "probe")
     before = hostile.content(rootfs)

@@ -289,6 +289,26 @@ def test_native_falls_back_when_nothing_listens(native: Path, root_tmp: Path) ->
     assert " fallback0 skip request=unset" in log and " fallback1 skip request=unset" in log
 
 
+def test_a_state_over_the_services_bound_goes_whole_to_the_fallback(native: Path, service: Running,
+                                                                     root_tmp: Path) -> None:
+    """A state over protocol.MAX_STATE (a 3 MiB annotation) is never sent: the entry execs its fallback with all
+    of it, which parses it as the in-process hook does; one over oci/bundle.MAX_DOCUMENT is refused there in
+    one line, after the entry passed on no more than one byte past that bound."""
+    from gpuhook.oci.bundle import MAX_DOCUMENT
+
+    config = ["--config", str(root_tmp / "config.toml"), "prestart"]
+    body = json.loads(state(plain_bundle(root_tmp, []), cid="big"))
+    body["annotations"] = {"x": "y" * (3 << 20)}
+    result = run_native(native, service.sock, config, json.dumps(body).encode())
+    assert (result.returncode, result.stderr) == (0, "")
+    assert " big skip request=unset" in (root_tmp / "gpuhook.log").read_text()  # the whole state was read
+    huge = run_native(native, service.sock, config, b" " * (MAX_DOCUMENT + (4 << 20)))
+    assert huge.returncode == 1 and huge.stderr.strip() == "gpuhook-hook: OCI state on stdin is over 64 MiB"
+    marker = root_tmp / "fallback-ran"
+    no_fallback(native, marker)
+    assert run_native(native, service.sock, config, json.dumps(body).encode()).returncode == 3 and marker.exists()
+
+
 def _fake_service(sock: Path, behaviour: str) -> tuple[socket.socket, threading.Thread, list[bytes]]:
     """A server that accepts one connection and then hangs ("hang") or reads the request and dies ("die")."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -450,3 +470,49 @@ def test_a_plan_is_remembered_while_the_driver_stays_the_same(in_process: Any, r
     (Path(fresh.root) / "dev" / "nvidia1").unlink()
     again = in_process.plan(config, request)
     assert again is not first and [d.index for d in again.selection.devices] == [0]
+
+
+def _cdi_hook_start(tmp: Path, entry: Path, sock: Path, args: list[str], name: str) -> Any:
+    """runc with `entry cdi-hook ARGS` as its createContainer hook (where a CDI spec's hook runs: in the
+    container's mount namespace, before pivot_root); the container prints the link and its ld cache."""
+    work = tmp / name
+    rootfs = glibc_rootfs(work, probe_cache=tmp / "probe")
+    (rootfs / "opt/lib").mkdir(parents=True, exist_ok=True)
+    hook = {"path": str(entry), "args": ["gpuhook-hook", "cdi-hook", *args],
+            "env": [HOOK_PATH_ENV, f"GPUHOOK_SERVICE_SOCKET={sock}"]}
+    probe = "readlink /opt/libmarker.so; cat /etc/ld.so.conf.d/*.conf; test -s /etc/ld.so.cache && echo cache"
+    bundle = make_bundle(work, rootfs, ["sh", "-c", probe], hooks={"createContainer": [hook]})
+    return runc_run(bundle, unique_id("cdi"))
+
+
+@pytest.mark.e2e
+def test_a_cdi_hook_through_the_service_is_the_in_process_one(native: Path, root_tmp: Path) -> None:
+    """The CDI spec's createContainer hook through the native entry: answered by the service, which joins the
+    client's (the container's) mount namespace, with the same links and ld configuration as the fallback;
+    a command line only click can word is declined and then answered in-process, with click's words."""
+    need_tool("runc")
+    need_busybox()
+    args = ["update-container", "--link", "lib/libmarker.so.1::/opt/libmarker.so", "--folder", "/opt/lib"]
+    fallback = _cdi_hook_start(root_tmp, native, root_tmp / "none" / "service.sock", args, "fallback")
+    assert fallback.returncode == 0, fallback.stderr
+    running = start_service(root_tmp, write_config(root_tmp, Path("/")))
+    try:
+        script = native.with_name(native.name + ".py")
+        kept = script.read_text()
+        no_fallback(native, root_tmp / "fallback-ran")
+        served = _cdi_hook_start(root_tmp, native, running.sock, args, "served")
+        assert served.returncode == 0, served.stderr
+        assert not (root_tmp / "fallback-ran").exists()
+        failed = _cdi_hook_start(root_tmp, native, running.sock, ["update-container", "--folder", "/opt/lib",
+                                                                  "--ldconfig-path", "/nonexistent"], "failed")
+        assert failed.returncode != 0 and "gpuhook: cannot open ldconfig /nonexistent" in failed.stderr
+        bad = _cdi_hook_start(root_tmp, native, running.sock, ["update-container", "--link", "nolink"], "bad")
+        assert (root_tmp / "fallback-ran").exists() and bad.returncode != 0  # declined: the Python entry ran
+        script.write_text(kept)
+        bad = _cdi_hook_start(root_tmp, native, running.sock, ["update-container", "--link", "nolink"], "bad2")
+        assert bad.returncode != 0 and "expected TARGET::/absolute/link" in bad.stderr  # click's own words
+    finally:
+        running.stop()
+    assert served.stdout == fallback.stdout
+    assert served.stdout.splitlines()[0] == "lib/libmarker.so.1" and "/opt/lib" in served.stdout.splitlines()
+    assert served.stdout.splitlines()[-1] == "cache"

@@ -1,7 +1,7 @@
 /* gpuhook's native hook entry: what `gpuhook hook install` writes at the hook path.
  *
  * It only forwards; Python stays the one implementation of every decision (issue 21). It reads the OCI state
- * from stdin (at most MAX_STATE bytes), connects to `gpuhook service` ($GPUHOOK_SERVICE_SOCKET, else
+ * from stdin (a state over MAX_STATE bytes goes to the Python entry, below, never to the service), connects to `gpuhook service` ($GPUHOOK_SERVICE_SOCKET, else
  * /run/gpuhook/service.sock), sends its arguments, $GPUHOOK_CONFIG and the state (service/protocol.py, with
  * an O_DIRECTORY fd of /proc/<pid> over SCM_RIGHTS when the state names a pid), and relays the answer: the
  * one stderr line and the exit status.
@@ -12,7 +12,8 @@
  * is never injected twice; a service that does not answer within the timeout ($GPUHOOK_SERVICE_TIMEOUT_MS,
  * default 5000, below runc's default hook timeout) fails the start with one line.
  *
- * `cdi-hook …`, --help and --version go straight to the Python entry (the service answers the prestart hook).
+ * --help and --version go straight to the Python entry; so does a `cdi-hook …` call the service DECLINED (one only
+ * click can word: help, a malformed option), since the service did nothing for it.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -33,8 +34,10 @@
 #define MAX_STATE (1 << 20)   /* protocol.MAX_STATE */
 #define MAX_HEADER (64 << 10) /* protocol.MAX_HEADER */
 #define MAX_ANSWER (64 << 10) /* protocol.MAX_ANSWER */
+#define MAX_DOCUMENT (64 << 20) /* oci/bundle.MAX_DOCUMENT: the most of a state the Python hook reads */
 #define DEFAULT_SOCKET "/run/gpuhook/service.sock"
 #define DEFAULT_TIMEOUT_MS 5000
+#define DECLINED 256 /* protocol.DECLINED: the service took nothing on; run the call in-process */
 
 /* hook/installed.py's MARKER: is_ours() finds it in this binary as in the script. */
 const char gpuhook_marker[] =
@@ -56,14 +59,19 @@ static long long now_ms(void) {
     return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* The whole of stdin, at most MAX_STATE bytes (one more is an error, as the service would refuse it). */
-static char *read_state(size_t *len) {
+/* The whole of stdin up to MAX_STATE bytes; *over is set (and the bytes read so far returned) when there is
+ * more: such a state is the in-process hook's to read and word (fallback), the service never sees it. */
+static char *read_state(size_t *len, int *over) {
     size_t cap = 4096, n = 0;
     char *buf = malloc(cap);
     if (!buf) fail("out of memory", NULL);
+    *over = 0;
     for (;;) {
         if (n == cap) {
-            if (cap > MAX_STATE) fail("OCI state on stdin is over 1 MiB", NULL);
+            if (cap > MAX_STATE) {
+                *over = 1;
+                break;
+            }
             cap *= 2;
             buf = realloc(buf, cap);
             if (!buf) fail("out of memory", NULL);
@@ -74,7 +82,7 @@ static char *read_state(size_t *len) {
         if (r == 0) break;
         n += (size_t)r;
     }
-    if (n > MAX_STATE) fail("OCI state on stdin is over 1 MiB", NULL);
+    if (n > MAX_STATE) *over = 1;
     *len = n;
     return buf;
 }
@@ -136,14 +144,14 @@ static void put_json_string(struct buf *b, const char *s) {
 }
 
 /* Exec the Python entry beside us with the same argv, the state on stdin. Returns only on failure. */
-static void fallback(char **argv, const char *state, size_t len) {
+static void fallback(char **argv, const char *state, size_t len, int rest) {
     char self[PATH_MAX - 4];
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     if (n < 0) fail("cannot find the Python entry (readlink /proc/self/exe)", strerror(errno));
     self[n] = 0;
     char script[PATH_MAX];
     snprintf(script, sizeof script, "%s.py", self);
-    if (!state) {  /* cdi-hook, --help, --version: stdin untouched */
+    if (!state) {  /* --help, --version: stdin untouched */
         execv(script, argv);
         fail("cannot run the Python entry", strerror(errno));
     }
@@ -154,6 +162,24 @@ static void fallback(char **argv, const char *state, size_t len) {
         if (w < 0 && errno == EINTR) continue;
         if (w < 0) fail("cannot keep the OCI state for the Python entry", strerror(errno));
         off += (size_t)w;
+    }
+    if (rest) {  /* the state was longer than the service takes: the rest of stdin follows, up to one byte past
+                  * the Python hook's own bound (oci/bundle.MAX_DOCUMENT), so that it refuses it in its words */
+        char chunk[65536];
+        size_t total = len;
+        while (total <= MAX_DOCUMENT) {
+            ssize_t r = read(0, chunk, sizeof chunk);
+            if (r < 0 && errno == EINTR) continue;
+            if (r < 0) fail("cannot read the OCI state", strerror(errno));
+            if (r == 0) break;
+            for (ssize_t off = 0; off < r;) {
+                ssize_t w = write(fd, chunk + off, (size_t)(r - off));
+                if (w < 0 && errno == EINTR) continue;
+                if (w < 0) fail("cannot keep the OCI state for the Python entry", strerror(errno));
+                off += w;
+            }
+            total += (size_t)r;
+        }
     }
     if (lseek(fd, 0, SEEK_SET) < 0 || dup2(fd, 0) < 0) fail("cannot hand the OCI state on", strerror(errno));
     close(fd);
@@ -185,14 +211,15 @@ static void wait_for(int fd, short events, long long deadline, const char *sock_
 
 static int is_direct(int argc, char **argv) {
     if (argc < 2) return 0;
-    return !strcmp(argv[1], "cdi-hook") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") ||
-           !strcmp(argv[1], "--version");
+    return !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--version");
 }
 
 int main(int argc, char **argv) {
-    if (is_direct(argc, argv)) fallback(argv, NULL, 0), exit(1);
+    if (is_direct(argc, argv)) fallback(argv, NULL, 0, 0), exit(1);
     size_t len;
-    char *state = read_state(&len);
+    int over;
+    char *state = read_state(&len, &over);
+    if (over) fallback(argv, state, len, 1);  /* nothing sent: the in-process hook reads and words it */
     const char *sock_path = getenv("GPUHOOK_SERVICE_SOCKET");
     if (!sock_path || !*sock_path) sock_path = DEFAULT_SOCKET;
     int ms = timeout_ms();
@@ -208,7 +235,7 @@ int main(int argc, char **argv) {
     if (connect(s, (struct sockaddr *)&addr, sizeof addr) < 0) {
         if (errno == ENOENT || errno == ECONNREFUSED) {
             close(s);
-            fallback(argv, state, len);
+            fallback(argv, state, len, 0);
         }
         fprintf(stderr, "gpuhook-hook: cannot reach the service at %s: %s\n", sock_path, strerror(errno));
         return 1;
@@ -299,6 +326,10 @@ int main(int argc, char **argv) {
     if (size > MAX_ANSWER || got < 8 + size) {
         fprintf(stderr, "gpuhook-hook: service %s sent a malformed answer: the start fails\n", sock_path);
         return 1;
+    }
+    if (code == DECLINED && size == 0) {  /* nothing was done: the Python entry answers it */
+        close(s);
+        fallback(argv, state, len, 0);
     }
     if (size) {
         fwrite(ans + 8, 1, size, stderr);

@@ -6,8 +6,6 @@ imported inside the commands, so `cdi-hook`, which the runtime runs at every con
 
 from __future__ import annotations
 
-import sys
-
 import click
 
 from gpuhook.cdi.errors import CdiError
@@ -135,8 +133,9 @@ _DRIVER_VERSION_OPTION = click.option(
 def _run(links: list[tuple[str, str]], folders: list[str], ldconfig_path: str, host_driver_version: str = "",
          present: list[tuple[str, str]] | None = None) -> None:
     from gpuhook.inject.containerhooks import container_owner, container_rootfs, update_container
+    from gpuhook.oci.bundle import read_stdin_state
 
-    state = sys.stdin.buffer.read()
+    state = read_stdin_state()
     update_container(container_rootfs(state), links, folders, ldconfig_path, host_driver_version, present or [],
                      container_owner(state))
 

@@ -40,69 +40,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 # --- cdi-hook without click ------------------------------------------------------------------------------------
 
 
-def _options(args: Sequence[str], names: tuple[str, ...]) -> list[tuple[str, str]] | None:
-    """(name, value) for `--name value` / `--name=value` pairs; None for anything else."""
-    out: list[tuple[str, str]] = []
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        name, sep, value = arg.partition("=")
-        if name not in names:
-            return None
-        if not sep:
-            if i + 1 >= len(args):
-                return None
-            value = args[i + 1]
-            i += 1
-        if value.startswith("-"):
-            return None
-        out.append((name, value))
-        i += 1
-    return out
-
-
-_HookArgs = tuple[list[tuple[str, str]], list[str], str, str, list[tuple[str, str]]]
-
-
-def _hook_args(command: str, args: Sequence[str]) -> _HookArgs | None:
-    """(links, folders, ldconfig, host driver version, links if present) for the cdi-hook sub-commands, None for
-    anything click should answer (including every malformed value: click says what is wrong)."""
-    from gpuhook.inject.containerhooks import DEFAULT_LDCONFIG, parse_link, valid_driver_version
-
-    allowed = {"create-symlinks": ("--link", "--link-if-present"),
-               "update-ldcache": ("--folder", "--ldconfig-path", "--host-driver-version"),
-               "update-container": ("--link", "--link-if-present", "--folder", "--ldconfig-path",
-                                    "--host-driver-version")}.get(command)
-    pairs = _options(args, allowed) if allowed else None
-    if pairs is None:
-        return None
-    parsed = {n: [link for v in (v for k, v in pairs if k == n) if (link := parse_link(v)) is not None]
-              for n in ("--link", "--link-if-present")}
-    links, present = parsed["--link"], parsed["--link-if-present"]
-    folders = [v for n, v in pairs if n == "--folder"]
-    ldconfig = [v for n, v in pairs if n == "--ldconfig-path"]
-    versions = [v for n, v in pairs if n == "--host-driver-version"]
-    malformed = len(links) + len(present) < sum(1 for n, _ in pairs if n in parsed)
-    if malformed or len(ldconfig) > 1 or not all(f.startswith("/") for f in folders):
-        return None
-    if len(versions) > 1 or not all(valid_driver_version(v) for v in versions):
-        return None
-    return links, folders, (ldconfig[0] if ldconfig else DEFAULT_LDCONFIG), versions[0] if versions else "", present
-
-
 def cdi_hook(args: Sequence[str]) -> int:
     """`gpuhook cdi-hook ARGS` with the exit status and messages of the click command (cli/cdi.py)."""
-    command, rest = (args[0], args[1:]) if args else ("", [])
-    parsed = _hook_args(command, rest)
+    from gpuhook.inject.containerhooks import parse_hook_args, run_hook
+
+    parsed = parse_hook_args(args)
     if parsed is None:
         from gpuhook.cli.app import main as cli_main
 
         return cli_main(["cdi-hook", *args])
-    from gpuhook.inject.containerhooks import container_owner, container_rootfs, update_container
 
     def work() -> None:
-        state = sys.stdin.buffer.read()
-        update_container(container_rootfs(state), *parsed, owner=container_owner(state))
+        from gpuhook.oci.bundle import read_stdin_state
+
+        run_hook(parsed, read_stdin_state())
 
     return run_lean(work)
 

@@ -37,13 +37,17 @@ class Planned(Record):
                 f"links={len(e.symlinks)}{extra}{notes}")
 
 
-def plan_request(config: Config, request: Request) -> Planned:
-    """Everything `request` gets on the host `config` describes; RequestError/DiscoveryError on refusal."""
-    from gpuhook.discover.cache import inventory
+def plan_request(config: Config, request: Request, inv: Inventory | None = None,
+                 notes: list[str] | None = None) -> Planned:
+    """Everything `request` gets on the host `config` describes; RequestError/DiscoveryError on refusal. `inv` is
+    the inventory when the caller has just taken it (the service's memo), `notes` what that step said."""
     from gpuhook.model.selection import resolve
 
-    notes: list[str] = []
-    inv = inventory(config.roots(), config.inventory_cache, notes)
+    notes = [] if notes is None else notes
+    if inv is None:
+        from gpuhook.discover.cache import inventory
+
+        inv = inventory(config.roots(), config.inventory_cache, notes)
     selection = resolve(inv, request)
     if request.requirements:  # model/requirements.py (its parsers) is only loaded for a container that has constraints
         from gpuhook.model import requirements as require

@@ -15,7 +15,7 @@ import time
 
 from gpuhook.hook.log import append_log
 from gpuhook.model import contract
-from gpuhook.oci.bundle import load_bundle, parse_state, state_id
+from gpuhook.oci.bundle import load_bundle, parse_state, read_stdin_state, state_id
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     from gpuhook.hook.config import CONFIG_ENV
 
     config_path = config_path_for(sys.argv[1:] if argv is None else list(argv), os.environ.get(CONFIG_ENV))
-    code, line = handle(config_path, sys.stdin.buffer.read, start)
+    code, line = handle(config_path, read_stdin_state, start)
     if line:
         print(line, file=sys.stderr)
     return code

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import posixpath
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 LINK_SEPARATOR = "::"
 DEFAULT_LDCONFIG = "/sbin/ldconfig"
@@ -78,3 +78,61 @@ def update_container(rootfs_path: str, links: Iterable[tuple[str, str]], folders
     finally:
         if fd >= 0:
             os.close(fd)
+
+
+# --- the click-free command line: what the lean entry and `gpuhook service` take --------------------------------
+
+HookArgs = tuple[list[tuple[str, str]], list[str], str, str, list[tuple[str, str]]]
+_COMMANDS = {"create-symlinks": ("--link", "--link-if-present"),
+             "update-ldcache": ("--folder", "--ldconfig-path", "--host-driver-version"),
+             "update-container": ("--link", "--link-if-present", "--folder", "--ldconfig-path",
+                                  "--host-driver-version")}
+
+
+def _options(args: Sequence[str], names: tuple[str, ...]) -> list[tuple[str, str]] | None:
+    """(name, value) for `--name value` / `--name=value` pairs; None for anything else."""
+    out: list[tuple[str, str]] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        name, sep, value = arg.partition("=")
+        if name not in names:
+            return None
+        if not sep:
+            if i + 1 >= len(args):
+                return None
+            value = args[i + 1]
+            i += 1
+        if value.startswith("-"):
+            return None
+        out.append((name, value))
+        i += 1
+    return out
+
+
+def parse_hook_args(args: Sequence[str]) -> HookArgs | None:
+    """`cdi-hook COMMAND OPTIONS…` (the words after `cdi-hook`) -> (links, folders, ldconfig, host driver
+    version, links if present); None for anything the click command should answer (help, and every malformed
+    value: click says what is wrong), so the lean paths never word an error of their own."""
+    command, rest = (args[0], args[1:]) if args else ("", [])
+    allowed = _COMMANDS.get(command)
+    pairs = _options(rest, allowed) if allowed else None
+    if pairs is None:
+        return None
+    parsed = {n: [link for v in (v for k, v in pairs if k == n) if (link := parse_link(v)) is not None]
+              for n in ("--link", "--link-if-present")}
+    links, present = parsed["--link"], parsed["--link-if-present"]
+    folders = [v for n, v in pairs if n == "--folder"]
+    ldconfig = [v for n, v in pairs if n == "--ldconfig-path"]
+    versions = [v for n, v in pairs if n == "--host-driver-version"]
+    malformed = len(links) + len(present) < sum(1 for n, _ in pairs if n in parsed)
+    if malformed or len(ldconfig) > 1 or not all(f.startswith("/") for f in folders):
+        return None
+    if len(versions) > 1 or not all(valid_driver_version(v) for v in versions):
+        return None
+    return links, folders, (ldconfig[0] if ldconfig else DEFAULT_LDCONFIG), versions[0] if versions else "", present
+
+
+def run_hook(parsed: HookArgs, state_text: bytes) -> None:
+    """One createContainer hook call: the parsed command line applied to the container the state names."""
+    update_container(container_rootfs(state_text), *parsed, owner=container_owner(state_text))

@@ -59,6 +59,7 @@ def mount_id(fd: int) -> int:
     raise InjectionError("cannot tell which mount a container folder is on (no mnt_id in fdinfo)")
 
 
+LINK_TRIES = 3  # symlink(): looks at a link that another start's ldconfig is replacing this often
 DEVICE_MOUNTS = ("/dev", "/proc/driver/nvidia")  # mounts made for the container's devices, besides its own
 
 
@@ -291,36 +292,46 @@ class RootFS:
         """Create `link` -> `target`. An existing symlink is replaced; a file or directory is left alone.
 
         Returns False when something else already stands at `link`. Every failure (a read-only or immutable
-        image) is one InjectionError line.
+        image) is one InjectionError line. A link that vanishes between our look and our change (another start
+        of the same image directory, whose ldconfig replaces the soname links it manages) is looked at again.
         """
         parent, name = _split(link)
         pfd = self.mkdirs(parent)
         try:
-            try:
-                st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
-            except FileNotFoundError:
-                st = None
-            if st is not None:
-                if not stat.S_ISLNK(st.st_mode):
-                    return False
-                if os.readlink(name, dir_fd=pfd) == target:
-                    return True
-            self.check_own(pfd, link)
-            if st is not None:
-                os.unlink(name, dir_fd=pfd)
-            try:
-                os.symlink(target, name, dir_fd=pfd)
-                self._chown(pfd, name)
-            except FileExistsError:  # another start on the same image made it: fine if it is this very link
-                st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
-                if not stat.S_ISLNK(st.st_mode) or os.readlink(name, dir_fd=pfd) != target:
-                    raise
-            return True
+            for _ in range(LINK_TRIES - 1):
+                try:
+                    return self._symlink_at(pfd, name, target, link)
+                except FileNotFoundError:
+                    continue
+            return self._symlink_at(pfd, name, target, link)
         except OSError as exc:
             raise InjectionError(f"cannot create link {shown(link)} -> {shown(target)} in container: "
                                  f"{exc.strerror}") from None
         finally:
             os.close(pfd)
+
+    def _symlink_at(self, pfd: int, name: str, target: str, link: str) -> bool:
+        """One try of symlink(); FileNotFoundError when what it looked at went away meanwhile."""
+        try:
+            st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
+        except FileNotFoundError:
+            st = None
+        if st is not None:
+            if not stat.S_ISLNK(st.st_mode):
+                return False
+            if os.readlink(name, dir_fd=pfd) == target:
+                return True
+        self.check_own(pfd, link)
+        if st is not None:
+            os.unlink(name, dir_fd=pfd)
+        try:
+            os.symlink(target, name, dir_fd=pfd)
+            self._chown(pfd, name)
+        except FileExistsError:  # another start on the same image made it: fine if it is this very link
+            st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
+            if not stat.S_ISLNK(st.st_mode) or os.readlink(name, dir_fd=pfd) != target:
+                raise
+        return True
 
     def mknod(self, path: str, mode: int, major: int, minor: int, kind: str = "c") -> None:
         """A device node with the host's major:minor; an existing node with the same numbers is kept."""

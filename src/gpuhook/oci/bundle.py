@@ -19,8 +19,27 @@ if TYPE_CHECKING:
     from typing import Any
 
 
+MAX_DOCUMENT = 64 << 20  # the most of a state or a config.json read: far above what any runtime writes
+
+
 class BundleError(GpuhookError):
     """The state or config.json is missing, malformed or lacks a required field."""
+
+
+def read_bounded(stream: Any, what: str) -> bytes:
+    """All of `stream` when it holds at most MAX_DOCUMENT bytes, else BundleError naming `what`: a hook reads its
+    inputs whole, never without bound."""
+    data = stream.read(MAX_DOCUMENT + 1)
+    if len(data) > MAX_DOCUMENT:
+        raise BundleError(f"{what} is over {MAX_DOCUMENT >> 20} MiB")
+    return data
+
+
+def read_stdin_state() -> bytes:
+    """The OCI state on stdin (read_bounded)."""
+    import sys
+
+    return read_bounded(sys.stdin.buffer, "OCI state on stdin")
 
 
 def _strings(value: object) -> dict[str, str]:
@@ -109,7 +128,7 @@ def load_bundle(bundle_dir: str) -> Bundle:
     path = os.path.join(bundle_dir, "config.json")
     try:
         with open(path, "rb") as f:
-            config = json.loads(f.read())
+            config = json.loads(read_bounded(f, clip(path, quote=False)))
     except OSError as exc:
         raise BundleError(f"cannot read {clip(path, quote=False)}: {exc.strerror}") from None
     except (ValueError, RecursionError) as exc:

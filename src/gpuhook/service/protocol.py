@@ -7,6 +7,9 @@ One request and one answer per connection on a SOCK_STREAM unix socket:
                 "config_env": $GPUHOOK_CONFIG of the client or null, "pid_fd": true when an fd came with it}
     answer   = u32 exit_code | u32 stderr_len | stderr (one line, UTF-8, the hook's stderr; may be empty)
 
+An exit code of DECLINED means the service took nothing on and did nothing: the client runs the call in-process
+(a `cdi-hook` command line only click can word, help or a malformed option, so the messages stay click's).
+
 The first message of a request may carry one SCM_RIGHTS descriptor: an O_DIRECTORY fd of /proc/<pid> the
 client opened for the container's process, so the service can check that the pid it reads from the state names
 that very process (a runtime in another PID namespace, or a pid reused meanwhile, would name another one).
@@ -31,6 +34,7 @@ VERSION = 1
 MAX_HEADER = 64 << 10  # argv and a config path: far below this
 MAX_STATE = 1 << 20  # the OCI state: id, pid, bundle, annotations; the C entry reads at most this much
 MAX_ANSWER = 64 << 10
+DECLINED = 256  # "not taken: run it in-process" (no exit status is this large)
 REQUEST_TIMEOUT_S = 1.0  # a client has this long to send its whole request (the native entry sends at once)
 _U32 = struct.Struct(">I")
 

@@ -33,6 +33,7 @@ from gpuhook.service import protocol
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from gpuhook.hook.plan import Planned
+    from gpuhook.inject.containerhooks import HookArgs
     from gpuhook.model.inventory import Inventory
     from gpuhook.model.request import Request
 
@@ -176,7 +177,8 @@ class Service:
         self.socket_path = socket_path or config.service_socket
         with contextlib.suppress(Exception):  # the inventory of its own config, scanned before the first start
             cache.inventory(config.roots(), config.inventory_cache)  # (a failure is the first start's to word)
-        self.children: set[int] = set()
+        self.children: dict[int, socket.socket] = {}  # pid -> its client's connection, kept to word a death
+        self._wakeup: tuple[int, int] | None = None  # SIGCHLD's self-pipe (signal.set_wakeup_fd)
         self.listener: socket.socket | None = None
         self.bound = False
         self.stopping = False
@@ -203,15 +205,16 @@ class Service:
         from gpuhook.discover import cache
         from gpuhook.hook.plan import plan_request
 
-        inv = cache.inventory(config.roots(), config.inventory_cache)
+        notes: list[str] = []
+        inv = cache.inventory(config.roots(), config.inventory_cache, notes)
         key = (id(config), inv.fingerprint, request)
         hit = self._plans.get(key)
-        if hit is not None and hit[0] is config and hit[1] is inv:
+        if hit is not None and hit[0] is config and hit[1] is inv and not notes:
             return hit[2]
-        planned = plan_request(config, request)
+        planned = plan_request(config, request, inv, notes)
         if len(self._plans) >= MAX_PLANS:
             self._plans.clear()
-        if not planned.notes:  # a refused cache file is said in the log line of every start until it is fixed
+        if not planned.notes:  # a plan with a note (a refused cache file) is made again, its note said again
             self._plans[key] = (config, inv, planned)
         return planned
 
@@ -228,13 +231,21 @@ class Service:
         assert self.listener is not None
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._stop)
+        self._wakeup = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(self._wakeup[1])  # a child's end wakes the poll at once, so it is reaped (and a
+        signal.signal(signal.SIGCHLD, lambda _sig, _frame: None)  # death answered) without waiting for a timeout
         poller = select.poll()
         poller.register(self.listener.fileno(), select.POLLIN)
+        poller.register(self._wakeup[0], select.POLLIN)
         print(f"gpuhook service: listening on {self.socket_path}", file=sys.stderr, flush=True)
         while not self.stopping:
-            ready = poller.poll(1000)
+            ready = {fd for fd, _ in poller.poll(1000)}
+            if self._wakeup[0] in ready:
+                with contextlib.suppress(BlockingIOError):
+                    while os.read(self._wakeup[0], 512):
+                        pass
             self.reap()
-            if not ready or self.stopping:
+            if self.listener.fileno() not in ready or self.stopping:
                 continue
             try:
                 conn, _ = self.listener.accept()
@@ -260,20 +271,44 @@ class Service:
         while self.children and time.monotonic() < deadline:
             self.reap()
             time.sleep(0.01)
+        for conn in self.children.values():
+            conn.close()
 
     def reap(self, block: bool = False) -> None:
-        """waitpid every child that ended (WNOHANG); with `block`, wait for one first."""
+        """waitpid every child that ended (WNOHANG); with `block`, wait for one first. A child killed before it
+        answered (a signal: it answers, then exits) gets its start answered here, in one line."""
         flags = 0 if block else os.WNOHANG
         while self.children:
             try:
-                pid, _status = os.waitpid(-1, flags)
+                pid, status = os.waitpid(-1, flags)
             except ChildProcessError:
+                for conn in self.children.values():
+                    conn.close()
                 self.children.clear()
                 return
             if pid == 0:
                 return
-            self.children.discard(pid)
+            conn = self.children.pop(pid, None)
+            if conn is not None:
+                if os.WIFSIGNALED(status):
+                    name = signal.Signals(os.WTERMSIG(status)).name
+                    self._answer(conn, 1, f"gpuhook-hook: service: the child for this start (pid {pid}) died of "
+                                          f"{name} before it answered: the start fails")
+                conn.close()
             flags = os.WNOHANG
+
+    def _fork(self, conn: socket.socket) -> int:
+        """os.fork for one start (at most MAX_CHILDREN at once): in the parent the child is recorded with a copy
+        of its client's connection; in the child (0) nothing of the accept loop is left."""
+        if len(self.children) >= MAX_CHILDREN:
+            self.reap(block=True)
+        gc.freeze()  # the warm heap goes to the permanent generation: a child's collections never touch (and so
+        pid = os.fork()  # never copy) the parent's pages
+        if pid:
+            self.children[pid] = conn.dup()
+        else:
+            self._enter_child()
+        return pid
 
     def serve_one(self, conn: socket.socket) -> None:
         """One connection, answered here up to the plan (a container without a GPU request costs this round trip
@@ -291,9 +326,20 @@ class Service:
             return
         except OSError:
             return
+        if request.argv[:1] == ["cdi-hook"]:  # a CDI spec's createContainer hook: always a child (it mutates)
+            from gpuhook.inject.containerhooks import parse_hook_args
+
+            parsed = parse_hook_args(request.argv[1:])
+            if parsed is None:  # help or a malformed option: click's words, so the client runs it in-process
+                self._answer(conn, protocol.DECLINED, "")
+                if request.pid_fd is not None:
+                    os.close(request.pid_fd)
+                return
+            self._serve_in_child(conn, request, peer_mount_namespace(peer_pid), start, parsed)
+            return
         client_ns = peer_mount_namespace(peer_pid)
         if client_ns is not None:
-            self._serve_elsewhere(conn, request, client_ns, start)
+            self._serve_in_child(conn, request, client_ns, start)
             return
         child = False
 
@@ -301,15 +347,9 @@ class Service:
             nonlocal child
             if request.pid_fd is not None:
                 check_pid_fd(state_text, request.pid_fd)
-            if len(self.children) >= MAX_CHILDREN:
-                self.reap(block=True)
-            gc.freeze()  # the warm heap goes to the permanent generation: a child's collections never touch
-            pid = os.fork()  # (and so never copy) the parent's pages
-            if pid:
-                self.children.add(pid)
+            if self._fork(conn):
                 raise _Forked
             child = True
-            self._enter_child()
             return True  # a disposable process: it joins the container's mount namespace itself
 
         try:
@@ -333,33 +373,35 @@ class Service:
             if request.pid_fd is not None and not child:
                 os.close(request.pid_fd)
 
-    def _serve_elsewhere(self, conn: socket.socket, request: protocol.Request, client_ns: int,
-                         start: float) -> None:
-        """A client in another mount namespace: the whole start, as the in-process hook would run it there, in a
-        child that joined that namespace first (its config file, its cgroup mounts, its /proc and so the PID
-        namespace the state's pid is in); nothing of this process's warm config or plans is used for it."""
+    def _serve_in_child(self, conn: socket.socket, request: protocol.Request, client_ns: int | None, start: float,
+                        cdi: HookArgs | None = None) -> None:
+        """The whole call in a child, as the in-process entry would run it where the client is: a client in
+        another mount namespace (a runtime with its own /sys/fs/cgroup or /proc; a CDI createContainer hook,
+        which runs in the container's) is joined first, so its config file, its cgroup mounts, its /proc and so
+        the PID namespace the state's pid is in are what the start uses; nothing of this process's warm config
+        or plans is. `cdi`: a createContainer hook's parsed command line (inject/containerhooks.run_hook)."""
         try:
-            if len(self.children) >= MAX_CHILDREN:
-                self.reap(block=True)
-            gc.freeze()
-            pid = os.fork()
+            pid = self._fork(conn)
         except OSError as exc:
             pid = -1
             self._answer(conn, 1, f"gpuhook-hook: service: {render(exc)}")
         if pid != 0:  # the parent (or no child): the descriptors are the child's alone
-            if pid > 0:
-                self.children.add(pid)
-            os.close(client_ns)
+            if client_ns is not None:
+                os.close(client_ns)
             if request.pid_fd is not None:
                 os.close(request.pid_fd)
             return
         code = 1
         try:
-            self._enter_child()
-            from gpuhook import _native
+            if client_ns is not None:
+                from gpuhook import _native
 
-            _native.setns(client_ns, _native.CLONE_NEWNS)
-            os.close(client_ns)
+                _native.setns(client_ns, _native.CLONE_NEWNS)
+                os.close(client_ns)
+            if cdi is not None:
+                code, line = self._cdi_hook(cdi, request.state)
+                self._answer(conn, code, line)
+                return
             config_path = prestart.config_path_for(request.argv, request.config_env)
 
             def disposable(state_text: bytes) -> bool:
@@ -376,13 +418,31 @@ class Service:
         finally:
             os._exit(0 if code == 0 else 1)
 
+    @staticmethod
+    def _cdi_hook(cdi: HookArgs, state: bytes) -> tuple[int, str]:
+        """(status, line) of `gpuhook cdi-hook …` run in-process (cli/entry.run_lean's: `gpuhook: ` and one
+        line, exit 1)."""
+        from gpuhook.inject.containerhooks import run_hook
+
+        try:
+            run_hook(cdi, state)
+        except Exception as exc:  # noqa: BLE001 - one line, whatever happened, as in-process
+            return 1, f"gpuhook: {render(exc)}"
+        return 0, ""
+
     def _enter_child(self) -> None:
         """In the forked child: one start, then exit, so no collector, no signal handlers, no listener."""
         gc.disable()
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
+        if self._wakeup is not None:
+            signal.set_wakeup_fd(-1)
+            for fd in self._wakeup:
+                os.close(fd)
         if self.listener is not None:
             self.listener.close()
+        for conn in self.children.values():  # other starts' connections: theirs to answer
+            conn.close()
 
     @classmethod
     def _answer_exit(cls, conn: socket.socket, exc: SystemExit) -> int:
