@@ -11,7 +11,10 @@ targets (8, 10 and 2 ms through the service) are shown, never enforced.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -82,9 +85,20 @@ def bench(args: argparse.Namespace) -> None:
         for kind in KINDS:
             for letter, (env, _) in REQUESTS.items():
                 cases[f"{letter}-{kind}"] = case(f"{letter}-{kind}", env, paths[kind])
+        # The no-GPU hook alone, without runc's noise: the entry run on a prepared state, paired with /bin/true.
+        alone_bundle = make_bundle(work / "bundle-alone", fresh_rootfs(template, work / "bundle-alone" / "rootfs"),
+                                   ["true"])
+        state = json.dumps({"ociVersion": "1.0.2", "id": "alone", "pid": os.getpid(), "status": "creating",
+                            "bundle": str(alone_bundle)}).encode()
+        alone = {"true": alone_case(["/bin/true"], state, {})}
+        for kind in KINDS:
+            entry, entry_sock = paths[kind]
+            alone[f"alone-{kind}"] = alone_case([str(entry), "--config", str(config), "prestart"], state,
+                                                {"GPUHOOK_SERVICE_SOCKET": str(entry_sock)})
         service = start_service(config, sock)
         try:
             samples = interleaved(cases, args.runs, warmup=1, seed=args.seed)
+            samples.update(interleaved(alone, args.runs * 3, warmup=2, seed=args.seed))
         finally:
             service.stop()
         took = check_log(work / "gpuhook.log", expected)
@@ -100,7 +114,25 @@ def bench(args: argparse.Namespace) -> None:
     print_table("runc run wall time", rows, ["hook_ms"])
     print("hook_ms: the hook's own 'took=' from its log (median): the service's child, or the Python entry")
     print_table("hook overhead (paired per round)", overhead)
-    write_json(args, {"gpus": GPUS, "entry": str(native), "rows": rows, "overhead": overhead}, load_before)
+    alone_rows = [row(f"no GPU requested, the hook alone: {kind} - /bin/true", paired(samples, f"alone-{kind}", "true"),
+                      TARGETS["b"] if kind == "service" else None) for kind in KINDS]
+    print_table("the hook alone on a no-GPU state (paired per round, exec of /bin/true subtracted)", alone_rows)
+    write_json(args, {"gpus": GPUS, "entry": str(native), "rows": rows, "overhead": overhead, "alone": alone_rows},
+               load_before)
+
+
+def alone_case(argv: list[str], state: bytes, env: dict[str, str]) -> Callable[[int], float]:
+    """Milliseconds of one run of `argv` with `state` on stdin (it must exit 0)."""
+    def run(_round: int) -> float:
+        begin = time.perf_counter()
+        result = subprocess.run(argv, input=state, capture_output=True, env={"PATH": "/usr/bin:/bin", **env},
+                                check=False)
+        ms = (time.perf_counter() - begin) * 1000
+        if result.returncode != 0:
+            raise BenchError(f"{argv[0]} failed ({result.returncode}): {result.stderr.decode()[-400:]}")
+        return ms
+
+    return run
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from support.dockerd import Dockerd, private_dockerd
 from support.glibc import glibc_rootfs
+from support.service import service_env
 
 from gpuhook.cli import entry as hook_entry
 
@@ -50,7 +51,8 @@ def docker(tmp_path_factory: pytest.TempPathFactory, fake_driver_factory: Any) -
     config.write_text(f'driver-root = "{fake.root}"\nproc-root = "{fake.root}/proc"\nlog-file = "{log}"\n'
                       f'inventory-cache = "{root}/inventory.json"\n')
     daemon_json = {"runtimes": {"gpuhook": {"path": SHIM}}}
-    with private_dockerd(root / "d", [str(bin_dir)], daemon_json, {"GPUHOOK_CONFIG": str(config)}) as daemon:
+    env = {"GPUHOOK_CONFIG": str(config), **service_env()}  # --gpus hooks get dockerd's environment
+    with private_dockerd(root / "d", [str(bin_dir)], daemon_json, env) as daemon:
         daemon.import_rootfs(glibc_rootfs(root / "image", probe_cache=root / "probe"), IMAGE)
         yield World(daemon, log)
 

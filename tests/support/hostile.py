@@ -66,10 +66,9 @@ HOOK_PATH = "PATH=/usr/sbin:/usr/bin:/sbin:/bin"
 def hook_env() -> list[str]:
     """The fixed environment of an OCI hook entry in the tests: PATH, and in the suite's service mode
     (support/service.py) the socket of the session's service, which the native entry then talks to."""
-    from support.service import SOCKET_ENV
+    from support.service import service_env
 
-    sock = os.environ.get(SOCKET_ENV)
-    return [HOOK_PATH, *([f"GPUHOOK_SERVICE_SOCKET={sock}"] if sock else [])]
+    return [HOOK_PATH, *(f"{k}={v}" for k, v in service_env().items())]
 
 
 def need_hook_e2e(*tools: str) -> None:

@@ -24,6 +24,13 @@ MODE_ENV = "GPUHOOK_TEST_SERVICE"
 SOCKET_ENV = "GPUHOOK_TEST_SERVICE_SOCKET"  # set by the session fixture: the socket the hooks are pointed at
 
 
+def service_env() -> dict[str, str]:
+    """What a hook's environment needs in service mode: the session's socket (GPUHOOK_SERVICE_SOCKET, which the
+    native entry reads); empty otherwise."""
+    sock = os.environ.get(SOCKET_ENV)
+    return {"GPUHOOK_SERVICE_SOCKET": sock} if sock else {}
+
+
 def service_mode() -> str:
     """"running", "stopped" or "" (off); anything else is an error, never silently off."""
     value = os.environ.get(MODE_ENV, "").strip().lower()
