@@ -35,7 +35,7 @@ def warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 
 def test_record_is_a_regular_file_the_plugin_parses(tmp_path: Path) -> None:
-    state = tmp_path / "state"  # created on the way, as /run/gpuhook on a fresh node
+    state = tmp_path / "state"  # created on the way, as /run/gpuhook/records on a fresh node
     note = record(str(state), "c0ffee", NAMES)
     path = state / CDI_IGNORED_RECORD
     assert note == f"runtime ignored CDI devices {','.join(NAMES)}: recorded in {path}"
@@ -184,3 +184,5 @@ def test_the_defaults_meet_on_the_node() -> None:
     flag = next(a for a in container["args"] if a.startswith("--hook-state-dir="))
     assert flag.split("=", 1)[1].split("#")[0].strip() == mount["mountPath"] == STATE_DIR
     assert mount["readOnly"] is True
+    for beside in (Config().service_socket, Config().inventory_cache):  # what the plugin's container must not see
+        assert not (os.path.dirname(beside) + "/").startswith(STATE_DIR.rstrip("/") + "/"), beside

@@ -33,7 +33,8 @@ GATED_DEVICE_ENV: dict[str, str] = {
 # devices (model/request.py: Request.cdi_ignored). The hook or shim that injects it then leaves one record,
 # CDI_IGNORED_RECORD in the state directory (model/cdiignored.py), which the plugin watches and reports once.
 CDI_DEVICES_MARKER = "GPUHOOK_CDI_DEVICES"
-STATE_DIR = "/run/gpuhook"  # node-local, root's: the hook config's state-dir, the plugin's --hook-state-dir
+STATE_DIR = "/run/gpuhook/records"  # node-local, root's: the hook config's state-dir, the plugin's --hook-state-dir
+# (a folder of its own: the DaemonSet mounts it into the plugin, never the service socket or inventory beside it)
 CDI_IGNORED_RECORD = "cdi-ignored"
 
 
