@@ -516,3 +516,69 @@ def test_a_cdi_hook_through_the_service_is_the_in_process_one(native: Path, root
     assert served.stdout == fallback.stdout
     assert served.stdout.splitlines()[0] == "lib/libmarker.so.1" and "/opt/lib" in served.stdout.splitlines()
     assert served.stdout.splitlines()[-1] == "cache"
+
+
+@pytest.mark.e2e
+def test_a_runtime_in_its_own_mount_namespace_is_served_from_there(native: Path, root_tmp: Path,
+                                                                   fake_driver: Any) -> None:
+    """runc in a private mount namespace with cgroup2 at /sys/fs/cgroup (the host here has v1): the service
+    joins the client's namespace and widens the eBPF filter runc made there, not a v1 cgroup in its own view."""
+    from support.runc import cgroup2_namespace
+
+    need_tool("runc")
+    need_busybox()
+    config = write_config(root_tmp, Path(fake_driver.root))
+    running = start_service(root_tmp, config)
+    try:
+        no_fallback(native, root_tmp / "fallback-ran")
+        rootfs = glibc_rootfs(root_tmp / "v2", probe_cache=root_tmp / "probe")
+        hook = {"path": str(native), "args": ["gpuhook-hook", "--config", str(config), "prestart"],
+                "env": [HOOK_PATH_ENV, f"GPUHOOK_SERVICE_SOCKET={running.sock}"]}
+        bundle = make_bundle(root_tmp / "v2", rootfs, ["sh", "-c", "cat /dev/nvidia0 2>&1 | head -1"],
+                             env=["NVIDIA_VISIBLE_DEVICES=0"], hooks={"prestart": [hook]})
+        with cgroup2_namespace() as prefix:
+            result = runc_run(bundle, unique_id("v2"), prefix=prefix)
+    finally:
+        running.stop()
+    assert result.returncode == 0, result.stderr
+    assert "No such device or address" in result.stdout  # the node got through the widened filter
+    assert "cgroup=v2" in (root_tmp / "gpuhook.log").read_text() and not (root_tmp / "fallback-ran").exists()
+
+
+@pytest.mark.e2e
+def test_a_child_killed_before_it_answered_is_answered_by_the_service(native: Path, root_tmp: Path,
+                                                                      fake_driver: Any) -> None:
+    """The start's child dies of SIGKILL while ldconfig runs (a stand-in that waits to be killed): the client
+    gets one line from the service naming the death, not a bare 'closed without an answer'."""
+    import psutil
+    from test_faults import fake_ldconfig
+
+    need_tool("runc")
+    need_tool("gcc")
+    need_busybox()
+    exe, _ready = fake_ldconfig(root_tmp, "kill-parent")
+    config = write_config(root_tmp, Path(fake_driver.root), ldconfig=f"@{exe}")
+    running = start_service(root_tmp, config)
+
+    def kill_the_child() -> None:  # the stand-in's parent, as psutil sees it: the service's child for the start
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            for proc in psutil.process_iter(["exe"]):
+                if proc.info["exe"] == str(exe):
+                    parent = proc.parent()
+                    if parent is not None and parent.ppid() == running.proc.pid:
+                        parent.kill()
+                    return
+            time.sleep(0.02)
+
+    killer = threading.Thread(target=kill_the_child)
+    try:
+        killer.start()
+        result = _runc_start(root_tmp, native, config, running.sock, ["NVIDIA_VISIBLE_DEVICES=0"], "killed")
+        killer.join(70)
+        assert running.proc.poll() is None  # the service itself lives on
+    finally:
+        running.stop()
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.splitlines() if "gpuhook-hook:" in line]
+    assert len(lines) == 1 and "died of SIGKILL before it answered" in lines[0], result.stderr
