@@ -485,3 +485,15 @@ def test_daemonset_reads_the_config_map_where_it_mounts_it() -> None:
                         "--pass-device-specs", "--fail-on-init-error"}
     example = config.load(str(base / "config.yaml"))
     assert example.list_strategies == Options().list_strategies and example.mig_strategy == Options().mig_strategy
+
+
+def test_the_hook_state_dir_flag_defaults_to_the_hooks_state_dir() -> None:
+    """--hook-state-dir's default is the folder the hooks write their record to (model/contract.STATE_DIR, the
+    DaemonSet's mount: test_cdi_ignored); here because the plugin's command line needs grpc."""
+    from click.testing import CliRunner
+
+    from gpuhook.cli.plugin import device_plugin
+    from gpuhook.model.contract import STATE_DIR
+
+    help_text = CliRunner().invoke(device_plugin, ["--help"]).output
+    assert f"[default: {STATE_DIR}]" in " ".join(help_text.split())
