@@ -243,7 +243,9 @@ def fake_driver(root: Path, gpus: int, mig: Mapping[int, Sequence[str]] | None =
 
 
 def timed(argv: Sequence[str], **kw: Any) -> tuple[float, subprocess.CompletedProcess[str]]:
-    """(wall milliseconds, result) of one command, stdin closed, output captured."""
+    """(wall milliseconds, result) of one command, output captured; stdin closed unless `input=` is given."""
+    if "input" not in kw:
+        kw["stdin"] = subprocess.DEVNULL
     start = time.perf_counter()
-    result = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False, **kw)
+    result = subprocess.run(argv, capture_output=True, text=True, check=False, **kw)
     return (time.perf_counter() - start) * 1000, result

@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from _common import BenchError, timed
+import support.service as support_service
+from _common import BenchError, gpuhook_command, timed
 from support.hostile import write_config as write_hook_config
 from support.podman import Podman
 from support.runc import make_bundle, runc_cmd, runc_delete, unique_id
@@ -26,9 +27,11 @@ __all__ = [
     "fresh_rootfs",
     "hook_entry",
     "install_lean_entry",
+    "install_native_entry",
     "make_bundle",
     "podman_run",
     "runc_run",
+    "start_service",
     "unique_id",
     "write_hook_config",
 ]
@@ -51,9 +54,11 @@ def fresh_rootfs(template: Path, dest: Path) -> Path:
     return dest
 
 
-def hook_entry(hook: str, config_file: Path) -> dict[str, Any]:
-    """A prestart hook entry as the README and oci-hooks.d configure it (fixed env, explicit config)."""
-    return {"path": hook, "args": ["gpuhook-hook", "--config", str(config_file), "prestart"], "env": HOOK_ENV}
+def hook_entry(hook: str, config_file: Path, sock: Path | None = None) -> dict[str, Any]:
+    """A prestart hook entry as the README and oci-hooks.d configure it (fixed env, explicit config); with `sock`,
+    the service socket the native entry talks to (GPUHOOK_SERVICE_SOCKET)."""
+    env = [*HOOK_ENV, *([f"GPUHOOK_SERVICE_SOCKET={sock}"] if sock else [])]
+    return {"path": hook, "args": ["gpuhook-hook", "--config", str(config_file), "prestart"], "env": env}
 
 
 def runc_run(bundle: Path, container_id: str) -> float:
@@ -75,6 +80,25 @@ def podman_run(podman: Podman, rootfs: Path, devices: Sequence[str], argv: Seque
         raise BenchError(f"podman run with {list(devices)} failed ({result.returncode}): "
                          f"{result.stderr.strip()[-800:]}")
     return ms
+
+
+def install_native_entry(path: Path) -> tuple[Path, Path]:
+    """`gpuhook hook install --path PATH`: (the native entry, its Python fallback PATH.py); BenchError without a
+    native entry (support.service.install_native_entry)."""
+    try:
+        native, script = support_service.install_native_entry(path)
+    except AssertionError as exc:
+        raise BenchError(f"{exc}: nothing to compare") from None
+    return Path(native), Path(script)
+
+
+def start_service(sock: Path, config: Path | None, log: Path) -> support_service.Running:
+    """`gpuhook service` (the installed console script) on `sock`; BenchError, its stderr quoted, if it does not
+    come up (support.service.start)."""
+    try:
+        return support_service.start(sock, config, log, gpuhook_command())
+    except AssertionError as exc:
+        raise BenchError(str(exc)) from None
 
 
 def install_lean_entry(path: Path) -> str:

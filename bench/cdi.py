@@ -34,8 +34,15 @@ from _common import (
     workdir,
     write_json,
 )
-from _containers import Podman, busybox_template, fresh_rootfs, install_lean_entry, podman_run
-from support.service import start
+from _containers import (
+    Podman,
+    busybox_template,
+    fresh_rootfs,
+    install_lean_entry,
+    install_native_entry,
+    podman_run,
+    start_service,
+)
 
 TARGET = 25.0  # issue 14, the lean entry
 SERVICE_TARGET, HOOK_TARGET = 30.0, 6.0  # issue 21, through the service
@@ -61,16 +68,13 @@ def bench(args: argparse.Namespace) -> None:
     with workdir("cdi", args.keep) as work:
         fake = fake_driver(work / "driver", args.gpus)
         lean = install_lean_entry(work / "gpuhook-hook")
-        from gpuhook.cli.entry import install, native_entry
-
-        if native_entry() is None:
-            raise BenchError("the native entry was not built (no C compiler at install time?): nothing to compare")
-        native = install(str(work / "bin" / "gpuhook-hook"))[0]
+        native = str(install_native_entry(work / "bin" / "gpuhook-hook")[0])
         sock = work / "run" / "service.sock"
+        native_spec = generate(fake.root, native, work / "native.yaml")
         specs = {
             "lean": generate(fake.root, lean, work / "lean.yaml"),
-            "service": with_hook_env(generate(fake.root, native, work / "native.yaml"), sock),
-            "fallback": with_hook_env(generate(fake.root, native, work / "native.yaml"), work / "none" / "s.sock"),
+            "service": with_hook_env(native_spec, sock),
+            "fallback": with_hook_env(native_spec, work / "none" / "s.sock"),
             "console": generate(fake.root, gpuhook_command()[0], work / "console.yaml"),
         }
         stripped = yaml.safe_load(specs["lean"])
@@ -90,7 +94,7 @@ def bench(args: argparse.Namespace) -> None:
 
             cases = {"none": case("none", specs["lean"], [])}
             cases.update({name: case(name, text, [DEVICE]) for name, text in specs.items()})
-            service = start(sock, None, work / "service.err", gpuhook_command())
+            service = start_service(sock, None, work / "service.err")
             try:
                 samples = interleaved(cases, args.runs, warmup=2, seed=args.seed)
             finally:

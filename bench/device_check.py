@@ -58,7 +58,6 @@ sys.dont_write_bytecode = True  # importing tests/support must leave the checkou
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
 TESTS_DIR = REPO / "tests"
-PROBE_SOURCE = TESTS_DIR / "support" / "csrc" / "gpuprobe.c"
 DEFAULT_KIT = BENCH_DIR / "results" / "device-kit"
 DEFAULT_TIMEOUT = 300
 DEFAULT_NVIDIA_DIR = "/usr/local/nvidia"
@@ -560,8 +559,7 @@ def import_helpers(c: Check) -> None:
 
         stub.skip = stub.fail = _gate  # type: ignore[attr-defined]
         sys.modules["pytest"] = stub
-    if str(TESTS_DIR) not in sys.path:
-        sys.path.insert(1, str(TESTS_DIR))
+    _tests_on_path()
     from support import glibc, realdriver
     from support import runc as support_runc
 
@@ -569,12 +567,13 @@ def import_helpers(c: Check) -> None:
 
 
 def _ldconfig() -> str:
-    """The host's ldconfig, Ubuntu's wrapper script skipped for the real binary behind it."""
+    """The host's ldconfig, Ubuntu's wrapper script skipped for the real binary behind it (the hook's own rule,
+    inject/ldcache.host_ldconfig)."""
+    from gpuhook.inject.ldcache import host_ldconfig
+
     for candidate in ("/sbin/ldconfig", "/usr/sbin/ldconfig"):
         if os.path.exists(candidate):
-            if elf_bits(candidate) is None and os.path.exists(candidate + ".real"):
-                return candidate + ".real"
-            return candidate
+            return host_ldconfig(candidate)
     return shutil.which("ldconfig") or "/sbin/ldconfig"
 
 
@@ -1287,6 +1286,12 @@ def _kit_python() -> str | None:
     return str(candidates[-1]) if candidates else found
 
 
+def _tests_on_path() -> None:
+    """tests/ on sys.path, for its support package (the containers and probes the tests use)."""
+    if str(TESTS_DIR) not in sys.path:
+        sys.path.insert(1, str(TESTS_DIR))
+
+
 def make_kit(folder: Path, python: str | None) -> int:
     """What the device machine lacks, in one folder to carry: wheels (gpuhook from this checkout, its
     dependencies, pytest, pip) for `python`'s version, runc and the libseccomp it links, busybox, gpuprobe."""
@@ -1319,10 +1324,16 @@ def make_kit(folder: Path, python: str | None) -> int:
             m = re.match(r"\s*(libseccomp\.so\.\S+) => (\S+)", line)
             if m:
                 shutil.copy2(os.path.realpath(m.group(2)), folder / m.group(1))
-    busybox = next((p for p in ("/bin/busybox", "/usr/bin/busybox") if os.path.isfile(p)), None)
+    _tests_on_path()
+    from support.glibc import build_probe  # the tests' probe and busybox: the same files a test run uses
+
+    from gpuhook.fakedriver.rootfs import find_static_busybox
+
+    busybox = find_static_busybox()  # a dynamic one would be refused on the device (setup_busybox)
     if busybox:
         shutil.copy2(busybox, folder / "busybox")
-    subprocess.run(["gcc", "-O1", "-o", str(folder / "gpuprobe"), str(PROBE_SOURCE)], check=True)
+    (folder / "gpuprobe").unlink(missing_ok=True)  # build_probe keeps one that is there
+    build_probe(folder)
     total = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
     rel = folder.relative_to(REPO) if folder.is_relative_to(REPO) else folder
     print(f"kit in {folder} ({total / 2**20:.1f} MiB): {', '.join(sorted(p.name for p in folder.iterdir()))}")

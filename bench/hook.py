@@ -67,17 +67,7 @@ def bench(args: argparse.Namespace) -> None:
         expected: dict[str, tuple[str, str]] = {}  # container id -> (case, expected log text)
 
         def case(name: str, env: list[str], hook: str | None) -> Callable[[int], float]:
-            def start(round_: int) -> float:
-                bundle = work / f"bundle-{name}"
-                rootfs = fresh_rootfs(template, bundle / "rootfs")
-                hooks = {"prestart": [hook_entry(hook, config)]} if hook else None
-                make_bundle(bundle, rootfs, ["true"], env=env, hooks=hooks)
-                cid = unique_id(f"ghb-{name}")
-                if hook:
-                    expected[cid] = (name, REQUESTS[name[0]][1])
-                return runc_run(bundle, cid)
-
-            return start
+            return runc_case(work, template, config, expected, name, env, hook)
 
         cases = {"a": case("a", [], None)}
         for kind, hook in entries.items():
@@ -102,6 +92,24 @@ def bench(args: argparse.Namespace) -> None:
     print("hook_ms: the hook's own 'took=' from its log (median), i.e. without interpreter start-up")
     print_table("hook overhead (paired per round)", overhead)
     write_json(args, {"gpus": GPUS, "entry": lean, "rows": rows, "overhead": overhead}, load_before)
+
+
+def runc_case(work: Path, template: Path, config: Path, expected: dict[str, tuple[str, str]], name: str,
+              env: list[str], hook: str | None, sock: Path | None = None) -> Callable[[int], float]:
+    """One timed `runc run` of `true` in a fresh busybox rootfs with `env`, with `hook` as its prestart hook
+    (hook_entry; `sock`: the service socket it is pointed at) or none; what its log line must say goes to
+    `expected` (the case's letter names its REQUESTS entry)."""
+    def start(_round: int) -> float:
+        bundle = work / f"bundle-{name}"
+        rootfs = fresh_rootfs(template, bundle / "rootfs")
+        hooks = {"prestart": [hook_entry(hook, config, sock)]} if hook else None
+        make_bundle(bundle, rootfs, ["true"], env=env, hooks=hooks)
+        cid = unique_id(f"gh-{name}")
+        if hook:
+            expected[cid] = (name, REQUESTS[name[0]][1])
+        return runc_run(bundle, cid)
+
+    return start
 
 
 def check_log(log: Path, expected: dict[str, tuple[str, str]]) -> dict[str, float]:

@@ -13,16 +13,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from _common import (
     BenchError,
     fake_driver,
-    gpuhook_command,
     interleaved,
     main_guard,
     need_root_and,
@@ -30,22 +26,22 @@ from _common import (
     parse_args,
     print_table,
     row,
+    timed,
     workdir,
     write_json,
 )
-from _containers import busybox_template, fresh_rootfs, hook_entry, make_bundle, runc_run, unique_id, write_hook_config
-from hook import GPUS, LABELS, REQUESTS, check_log
-from support.service import Running, start
+from _containers import (
+    busybox_template,
+    fresh_rootfs,
+    install_native_entry,
+    make_bundle,
+    start_service,
+    write_hook_config,
+)
+from hook import GPUS, LABELS, REQUESTS, check_log, runc_case
 
 TARGETS = {"b": 2.0, "c": 8.0, "d": 10.0}  # issue 21, through the service
 KINDS = ("service", "fallback", "python")
-
-
-def start_service(config: Path, sock: Path) -> Running:
-    try:
-        return start(sock, config, sock.parent.parent / "service.err", gpuhook_command())
-    except AssertionError as exc:
-        raise BenchError(str(exc)) from None
 
 
 def bench(args: argparse.Namespace) -> None:
@@ -54,11 +50,7 @@ def bench(args: argparse.Namespace) -> None:
     with workdir("svc", args.keep) as work:
         fake = fake_driver(work / "driver", GPUS)
         config = write_hook_config(work, fake.root)
-        from gpuhook.cli.entry import install, native_entry
-
-        if native_entry() is None:
-            raise BenchError("the native entry was not built (no C compiler at install time?): nothing to compare")
-        native, script = map(Path, install(str(work / "bin" / "gpuhook-hook")))
+        native, script = install_native_entry(work / "bin" / "gpuhook-hook")
         sock = work / "run" / "service.sock"
         paths = {"service": (native, sock), "fallback": (native, work / "none" / "service.sock"),
                  "python": (script, sock)}
@@ -66,20 +58,8 @@ def bench(args: argparse.Namespace) -> None:
         expected: dict[str, tuple[str, str]] = {}
 
         def case(name: str, env: list[str], hook: tuple[Path, Path] | None) -> Callable[[int], float]:
-            def start(round_: int) -> float:
-                bundle = work / f"bundle-{name}"
-                rootfs = fresh_rootfs(template, bundle / "rootfs")
-                hooks: dict[str, Any] | None = None
-                if hook:
-                    entry = hook_entry(str(hook[0]), config)
-                    hooks = {"prestart": [{**entry, "env": [*entry["env"], f"GPUHOOK_SERVICE_SOCKET={hook[1]}"]}]}
-                make_bundle(bundle, rootfs, ["true"], env=env, hooks=hooks)
-                cid = unique_id(f"ghs-{name}")
-                if hook:
-                    expected[cid] = (name, REQUESTS[name[0]][1])
-                return runc_run(bundle, cid)
-
-            return start
+            entry, entry_sock = hook if hook else (None, None)
+            return runc_case(work, template, config, expected, name, env, entry and str(entry), entry_sock)
 
         cases = {"a": case("a", [], None)}
         for kind in KINDS:
@@ -95,7 +75,7 @@ def bench(args: argparse.Namespace) -> None:
             entry, entry_sock = paths[kind]
             alone[f"alone-{kind}"] = alone_case([str(entry), "--config", str(config), "prestart"], state,
                                                 {"GPUHOOK_SERVICE_SOCKET": str(entry_sock)})
-        service = start_service(config, sock)
+        service = start_service(sock, config, work / "service.err")
         try:
             samples = interleaved(cases, args.runs, warmup=1, seed=args.seed)
             samples.update(interleaved(alone, args.runs * 3, warmup=2, seed=args.seed))
@@ -124,12 +104,9 @@ def bench(args: argparse.Namespace) -> None:
 def alone_case(argv: list[str], state: bytes, env: dict[str, str]) -> Callable[[int], float]:
     """Milliseconds of one run of `argv` with `state` on stdin (it must exit 0)."""
     def run(_round: int) -> float:
-        begin = time.perf_counter()
-        result = subprocess.run(argv, input=state, capture_output=True, env={"PATH": "/usr/bin:/bin", **env},
-                                check=False)
-        ms = (time.perf_counter() - begin) * 1000
+        ms, result = timed(argv, input=state.decode(), env={"PATH": "/usr/bin:/bin", **env})
         if result.returncode != 0:
-            raise BenchError(f"{argv[0]} failed ({result.returncode}): {result.stderr.decode()[-400:]}")
+            raise BenchError(f"{argv[0]} failed ({result.returncode}): {result.stderr[-400:]}")
         return ms
 
     return run

@@ -10,7 +10,7 @@ import subprocess
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
-from .daemon import daemon_process, wait_ready
+from .daemon import HOST_PATH, daemon_process, wait_ready
 from .e2e import need_root, need_tool
 
 
@@ -43,7 +43,7 @@ def private_containerd(root: Path, env: Mapping[str, str] | None = None) -> Iter
                       'disabled_plugins = ["io.containerd.grpc.v1.cri"]\n'
                       f'[grpc]\n  address = "{root}/containerd.sock"\n'
                       f'[ttrpc]\n  address = "{root}/containerd.sock.ttrpc"\n')
-    environ = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", **(env or {})}
+    environ = {"PATH": ":".join(HOST_PATH), **(env or {})}
     with daemon_process([binary, "--config", str(config)], environ, root, "containerd.log") as proc:
         daemon = Containerd(root, proc.pid)
         wait_ready(proc, lambda: daemon.ctr("version", timeout=10).returncode == 0, "containerd",

@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
+HOST_PATH = ["/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"]  # a daemon's own PATH
+
 
 @contextlib.contextmanager
 def daemon_process(argv: Sequence[str], env: Mapping[str, str], root: Path, log_name: str
@@ -34,18 +36,20 @@ def daemon_process(argv: Sequence[str], env: Mapping[str, str], root: Path, log_
 
 
 def wait_ready(proc: subprocess.Popen[bytes], ready: Callable[[], bool], what: str, log: Path,
-               timeout: float) -> None:
+               timeout: float, interval: float = 0.2) -> None:
+    """Until `ready()`; AssertionError quoting the end of `log` when `proc` exits or `timeout` passes first."""
     deadline = time.monotonic() + timeout
     while not ready():
         if proc.poll() is not None or time.monotonic() > deadline:
             raise AssertionError(f"{what} did not start: " + log.read_text(errors="replace")[-3000:])
-        time.sleep(0.2)
+        time.sleep(interval)
 
 
 def unmount_below(root: Path) -> None:
     """Whatever the daemon left mounted under its roots (it unmounts on a clean stop; a crash may not)."""
+    from gpuhook.inject.mountinfo import read_mounts  # the one mountinfo reader (escaped paths decoded)
+
     prefix = str(root) + "/"
-    with open("/proc/self/mountinfo") as f:
-        points = [line.split()[4] for line in f if line.split()[4].startswith(prefix)]
+    points = [m.mountpoint for m in read_mounts() if m.mountpoint.startswith(prefix)]
     for point in sorted(points, key=len, reverse=True):
         subprocess.run(["umount", "-l", point], check=False, capture_output=True)

@@ -23,13 +23,12 @@ from pathlib import Path
 
 import pytest
 
-from .daemon import daemon_process, wait_ready
+from .daemon import HOST_PATH, daemon_process, wait_ready
 from .dockerd import Dockerd
 from .e2e import need, need_root
 
 CACHE_ENV = "GPUHOOK_DOCKER_CDI_CACHE"
 FETCH = ".ci/fetch-docker-cdi"
-HOST_PATH = ["/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"]
 
 
 def cache_dir() -> Path:

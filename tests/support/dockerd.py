@@ -15,7 +15,7 @@ import tarfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from .daemon import daemon_process, wait_ready
+from .daemon import HOST_PATH, daemon_process, wait_ready
 from .e2e import need, need_root, need_tool
 
 DOCKER_CLIENT = "/usr/bin/docker"  # Debian's, the daemon's own version (a newer client may sit in /usr/local/bin)
@@ -56,8 +56,7 @@ def private_dockerd(root: Path, path_dirs: list[str], daemon_json: Mapping[str, 
     root.mkdir(parents=True, exist_ok=True)
     config = root / "daemon.json"
     config.write_text(json.dumps(dict(daemon_json or {})))
-    environ = {"PATH": ":".join([*path_dirs, "/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin",
-                                 "/bin"]), **(env or {})}
+    environ = {"PATH": ":".join([*path_dirs, *HOST_PATH]), **(env or {})}
     argv = [dockerd, "--data-root", str(root / "data"), "--exec-root", str(root / "exec"),
             "--pidfile", str(root / "dockerd.pid"), "-H", f"unix://{root / 'docker.sock'}",
             "--config-file", str(config), "--bridge=none", "--iptables=false", "--ip6tables=false",

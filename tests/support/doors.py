@@ -26,7 +26,7 @@ DOORS = ("hook", "cdi", "shim")
 SHIM = str(Path(sys.executable).with_name("gpuhook-runtime"))
 TIMEOUT = 60
 GPU_ENV = ("NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES=all")
-GPUHOOK_PREFIXES = {"hook": "gpuhook-hook: ", "cdi": "gpuhook: ", "shim": ("gpuhook-runtime: ", "gpuhook: ")}
+GPUHOOK_PREFIXES = {"hook": ("gpuhook-hook: ",), "cdi": ("gpuhook: ",), "shim": ("gpuhook-runtime: ", "gpuhook: ")}
 
 
 @dataclass
@@ -41,7 +41,6 @@ class Run:
     def gpuhook_lines(self) -> list[str]:
         """The lines of stderr that gpuhook wrote (runc and podman quote a hook's stderr inside theirs)."""
         prefixes = GPUHOOK_PREFIXES[self.door]
-        prefixes = (prefixes,) if isinstance(prefixes, str) else prefixes
         return [line for line in self.stderr.splitlines() if any(p in line for p in prefixes)]
 
     def refused(self, *words: str) -> str:

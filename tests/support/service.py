@@ -16,8 +16,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from .daemon import wait_ready
 
 GPUHOOK = str(Path(sys.executable).with_name("gpuhook"))
 MODE_ENV = "GPUHOOK_TEST_SERVICE"
@@ -59,13 +60,12 @@ def start(sock: Path, config: Path | None, log: Path, command: list[str] | None 
     argv = [*(command or [GPUHOOK]), "service", *(["--config", str(config)] if config else []), "--socket", str(sock)]
     with open(log, "wb") as err:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=err, stderr=err)
-    deadline = time.monotonic() + 30
-    while not sock.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            proc.wait()
-            raise AssertionError(f"gpuhook service did not start: {log.read_text()[-800:]}")
-        time.sleep(0.02)
+    try:
+        wait_ready(proc, sock.exists, "gpuhook service", log, 30, interval=0.02)
+    except AssertionError:
+        proc.kill()
+        proc.wait()
+        raise
     return Running(proc, sock, log)
 
 
@@ -76,14 +76,21 @@ def no_fallback(entry: Path, marker: Path) -> None:
     script.write_text(f"#!/bin/sh\necho ran >> {marker}\necho 'gpuhook-hook: fallback ran' >&2\nexit 3\n")
 
 
+def install_native_entry(dest: Path) -> tuple[str, str]:
+    """`gpuhook hook install --path DEST`, in-process: (the native entry, its Python fallback DEST.py);
+    AssertionError when the package build compiled no native entry (there is nothing to test or measure)."""
+    from gpuhook.cli.entry import install, native_entry
+
+    assert native_entry() is not None, "the native entry was not built (no C compiler at `pip install` time?)"
+    native, script = install(str(dest))
+    return native, script
+
+
 def session_service(tmp: Path, mode: str) -> Running | None:
     """Service mode's setup: the native entry installed under `tmp`, and with `running` one service (the default
     config: every hook names its own with --config) on `tmp`/run/service.sock; the variables hostile.hook_binary
     and hook_env read are pointed at them. The entry must be the native one, or this mode would test nothing."""
-    from gpuhook.cli.entry import install, native_entry
-
-    assert native_entry() is not None, f"{MODE_ENV}={mode} needs the native entry (built by `pip install .`)"
-    entry = install(str(tmp / "bin" / "gpuhook-hook"))[0]
+    entry = install_native_entry(tmp / "bin" / "gpuhook-hook")[0]
     os.environ["GPUHOOK_TEST_HOOK"] = entry
     if mode == "stopped":
         os.environ[SOCKET_ENV] = str(tmp / "none" / "service.sock")
