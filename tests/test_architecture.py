@@ -25,7 +25,7 @@ ALLOWED: dict[str, set[str]] = {
     "service": {"hook", "inject", "model", "discover", "oci", "_native", "errors", "fileio"},
     "shim": {"hook", "cdi", "inject", "model", "discover", "oci", "errors", "fileio"},
     "plugin": {"cdi", "system", "model", "discover", "errors", "fileio"},
-    "runtimeconfig": {"model", "errors", "fileio"},  # model: only its Record base
+    "runtimeconfig": {"model", "errors", "fileio"},  # model: its Record base and contract's HOOK_PATH
     "system": {"model", "discover", "errors", "fileio"},
     "doctor": {"shim", "runtimeconfig", "system", "hook", "cdi", "inject", "model", "discover", "oci", "_native",
                "errors", "fileio"},

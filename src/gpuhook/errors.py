@@ -1,5 +1,9 @@
 """Expected failures: each carries one line for the user; the CLI prints it and exits 1, never a traceback."""
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
 CLIP_LIMIT = 200  # characters of an image-supplied value a message echoes
 
 
@@ -44,6 +48,18 @@ def render(exc: BaseException) -> str:
         what = exc.strerror or type(exc).__name__
         return one_line(f"{what}: {' -> '.join(names)}" if names else f"{what} ({clip(str(exc), quote=False)})")
     return one_line(f"internal error: {type(exc).__name__}: {clip(str(exc), quote=False)}")
+
+
+def outcome(work: "Callable[[], object]") -> "tuple[int, str]":
+    """Run `work()` as a click-free command does (cli/entry.run_lean; the service's `cdi-hook`): (0, "") when it
+    ends, (1, "gpuhook: " + render(exc)) for any failure, (1, "") for a closed pipe: one line, never a traceback."""
+    try:
+        work()
+    except BrokenPipeError:
+        return 1, ""
+    except Exception as exc:  # noqa: BLE001 - a runtime shows our stderr: one line, whatever happened
+        return 1, f"gpuhook: {render(exc)}"
+    return 0, ""
 
 
 class GpuhookError(Exception):

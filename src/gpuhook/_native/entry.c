@@ -143,6 +143,16 @@ static void put_json_string(struct buf *b, const char *s) {
     put(b, "\"", 1);
 }
 
+/* All of buf[0..n) to fd, or one line and exit 1. */
+static void write_all(int fd, const char *buf, size_t n) {
+    for (size_t off = 0; off < n;) {
+        ssize_t w = write(fd, buf + off, n - off);
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0) fail("cannot keep the OCI state for the Python entry", strerror(errno));
+        off += (size_t)w;
+    }
+}
+
 /* Exec the Python entry beside us with the same argv, the state on stdin. Returns only on failure. */
 static void fallback(char **argv, const char *state, size_t len, int rest) {
     char self[PATH_MAX - 4];
@@ -157,12 +167,7 @@ static void fallback(char **argv, const char *state, size_t len, int rest) {
     }
     int fd = (int)syscall(SYS_memfd_create, "gpuhook-state", 0);
     if (fd < 0) fail("cannot keep the OCI state for the Python entry (memfd_create)", strerror(errno));
-    for (size_t off = 0; off < len;) {
-        ssize_t w = write(fd, state + off, len - off);
-        if (w < 0 && errno == EINTR) continue;
-        if (w < 0) fail("cannot keep the OCI state for the Python entry", strerror(errno));
-        off += (size_t)w;
-    }
+    write_all(fd, state, len);
     if (rest) {  /* the state was longer than the service takes: the rest of stdin follows, up to one byte past
                   * the Python hook's own bound (oci/bundle.MAX_DOCUMENT), so that it refuses it in its words */
         char chunk[65536];
@@ -172,12 +177,7 @@ static void fallback(char **argv, const char *state, size_t len, int rest) {
             if (r < 0 && errno == EINTR) continue;
             if (r < 0) fail("cannot read the OCI state", strerror(errno));
             if (r == 0) break;
-            for (ssize_t off = 0; off < r;) {
-                ssize_t w = write(fd, chunk + off, (size_t)(r - off));
-                if (w < 0 && errno == EINTR) continue;
-                if (w < 0) fail("cannot keep the OCI state for the Python entry", strerror(errno));
-                off += w;
-            }
+            write_all(fd, chunk, (size_t)r);
             total += (size_t)r;
         }
     }

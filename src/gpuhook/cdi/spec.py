@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from gpuhook.cdi import names, version
 from gpuhook.cdi.errors import CdiError
 from gpuhook.cdi.names import DEFAULT_NAME_STRATEGIES, NAME_STRATEGIES
-from gpuhook.model.contract import VISIBLE_DEVICES
+from gpuhook.model.contract import HOOK_PATH, VISIBLE_DEVICES
 from gpuhook.model.edits import (
     ALL_CAPABILITIES,
     ContainerEdits,
@@ -34,7 +34,7 @@ ALL_DEVICE = "all"
 HOOK_NAME = "createContainer"
 # The hooks run in the runtime's context with exactly this environment: nothing of the container or of the
 # runtime's own environment reaches them (a hook without `env` would inherit the runtime's).
-HOOK_ENV: tuple[str, ...] = ("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",)
+HOOK_ENV: tuple[str, ...] = ("PATH=" + ":".join(HOOK_PATH),)
 # A container that also goes through a legacy NVIDIA hook must not get its devices injected a second time.
 COMMON_ENV: tuple[str, ...] = (f"{VISIBLE_DEVICES}=void",)
 NODE_PERMISSIONS = "rw"  # cgroup access for each node: read and write, no mknod

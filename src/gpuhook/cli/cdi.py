@@ -132,12 +132,10 @@ _DRIVER_VERSION_OPTION = click.option(
 
 def _run(links: list[tuple[str, str]], folders: list[str], ldconfig_path: str, host_driver_version: str = "",
          present: list[tuple[str, str]] | None = None) -> None:
-    from gpuhook.inject.containerhooks import container_owner, container_rootfs, update_container
+    from gpuhook.inject.containerhooks import run_hook
     from gpuhook.oci.bundle import read_stdin_state
 
-    state = read_stdin_state()
-    update_container(container_rootfs(state), links, folders, ldconfig_path, host_driver_version, present or [],
-                     container_owner(state))
+    run_hook((links, folders, ldconfig_path, host_driver_version, present or []), read_stdin_state())
 
 
 @cdi_hook.command("update-container")

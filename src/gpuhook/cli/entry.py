@@ -59,19 +59,14 @@ def cdi_hook(args: Sequence[str]) -> int:
 
 
 def run_lean(work: Callable[[], object]) -> int:
-    """Run a command's work without click, ending as the click application does (cli/app.main): any failure
-    (GpuhookError, an OSError the layers below let through, a bug) is one `gpuhook: ` line on stderr
-    (errors.render) and exit 1, a closed pipe exit 1; never a traceback."""
-    try:
-        work()
-    except BrokenPipeError:
-        return 1
-    except Exception as exc:  # noqa: BLE001 - a runtime shows our stderr: one line, whatever happened
-        from gpuhook.errors import render
+    """Run a command's work without click, ending as the click application does (cli/app.main): errors.outcome's
+    one `gpuhook: ` line on stderr and its exit status."""
+    from gpuhook.errors import outcome
 
-        print(f"gpuhook: {render(exc)}", file=sys.stderr)
-        return 1
-    return 0
+    code, line = outcome(work)
+    if line:
+        print(line, file=sys.stderr)
+    return code
 
 
 # --- installing the entry script -------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import click
 
+from gpuhook.hook import installed
 from gpuhook.hook.prestart import STAGES, main
 
 CONFIG_HELP = "Config file [default: /etc/gpuhook/config.toml]."
@@ -41,7 +42,7 @@ for _stage in STAGES:
 
 
 @hook.command("install")
-@click.option("--path", "path", default="/usr/local/bin/gpuhook-hook", show_default=True,
+@click.option("--path", "path", default=installed.DEFAULT_PATH, show_default=True,
               help="Where to write the entry script (atomically, mode 0755).")
 @click.option("--docker-gpus", is_flag=True,
               help="Also write it as nvidia-container-runtime-hook beside --path, the program `docker run --gpus` "

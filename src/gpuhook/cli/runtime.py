@@ -47,13 +47,9 @@ def configure(runtime_name: str, config_path: str | None, mode: str | None, hook
     _report(result, dry_run)
 
 
-# The first release of each runtime that reads CDI specs (Docker: features.cdi; containerd: enable_cdi).
-CDI_SINCE = {"docker": (25,), "containerd": (1, 7)}
-
-
 def auto_mode(runtime_name: str) -> tuple[str, str]:
     """cdi where the installed runtime can read CDI specs, else hook (Docker < 25 and containerd 1.6 cannot)."""
-    from gpuhook.doctor.runtimes import BINARIES, version_of
+    from gpuhook.doctor.runtimes import BINARIES, CDI_SINCE, version_of
 
     since = CDI_SINCE.get(runtime_name)
     if since is None:
@@ -69,8 +65,9 @@ def auto_mode(runtime_name: str) -> tuple[str, str]:
 def _docker_gpus(runtime_name: str, config_path: str | None, hooks_dir: str | None, hook_config: str | None,
                  hook_path: str | None, dry_run: bool) -> None:
     """Docker's own --gpus route: no daemon.json change, only the hook under NVIDIA's name on dockerd's PATH."""
-    from gpuhook.cli.entry import DEFAULT_PATH, docker_gpus_path, install
+    from gpuhook.cli.entry import docker_gpus_path, install
     from gpuhook.errors import ConfigError
+    from gpuhook.hook.installed import DEFAULT_PATH
 
     if runtime_name != "docker":
         raise ConfigError(f"--mode gpus is Docker's --gpus route; {runtime_name} has none (use cdi or hook)")

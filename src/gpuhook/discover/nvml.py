@@ -228,6 +228,7 @@ def _topology(nv: Any, gpus: list[NvmlGpu]) -> None:
 
 _CAP_MKNOD = 27
 _CAP_SYS_MODULE = 16
+_DEVICE_POWERS = (1 << _CAP_MKNOD) | (1 << _CAP_SYS_MODULE)  # what NVML must not have (see below)
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 
 
@@ -259,8 +260,7 @@ def _without_device_powers() -> Iterator[None]:
     (_drop_device_powers) is for a child that exits afterwards."""
     libc, header, data = _capabilities()
     saved = data[0].effective
-    for cap in (_CAP_MKNOD, _CAP_SYS_MODULE):
-        data[0].effective &= ~(1 << cap)
+    data[0].effective &= ~_DEVICE_POWERS
     if data[0].effective != saved and libc.capset(ctypes.byref(header), data) != 0:
         raise OSError(ctypes.get_errno(), "capset")
     try:
@@ -278,9 +278,8 @@ def _drop_device_powers() -> None:
     tries to load the module; without these it cannot, and reports the driver as not loaded instead.
     """
     libc, header, data = _capabilities()
-    for cap in (_CAP_MKNOD, _CAP_SYS_MODULE):
-        data[0].effective &= ~(1 << cap)
-        data[0].permitted &= ~(1 << cap)
+    data[0].effective &= ~_DEVICE_POWERS
+    data[0].permitted &= ~_DEVICE_POWERS
     if libc.capset(ctypes.byref(header), data) != 0:
         raise OSError(ctypes.get_errno(), "capset")
 

@@ -253,11 +253,7 @@ def _requirements(steps: _Steps, inv: Inventory, request: Request, env: Mapping[
     failed = False
     for constraint in request.requirements:
         try:
-            outcomes = []
-            for outcome in require.outcomes(inv, (constraint,), tuple(devices)):  # stops where check stops
-                if not outcome.held:
-                    raise RequirementError(require.unsatisfied_message(outcome))
-                outcomes.append(outcome)
+            outcomes = require.check(inv, (constraint,), tuple(devices))
         except RequirementError as exc:
             failed = True
             steps.add(PROBLEM, f"the start would fail: {exc}",

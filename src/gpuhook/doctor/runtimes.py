@@ -26,7 +26,7 @@ from gpuhook.errors import GpuhookError
 from gpuhook.fileio.atomic import read_regular
 from gpuhook.fileio.tomlfile import tomllib
 from gpuhook.model import cdiignored, record
-from gpuhook.model.contract import CDI_IGNORED_RECORD
+from gpuhook.model.contract import CDI_IGNORED_RECORD, HOOK_PATH
 from gpuhook.model.record import Record
 from gpuhook.shim.runtime import has_gpuhook_hook
 
@@ -49,6 +49,8 @@ except ImportError:  # pragma: no cover
 
 RUNTIMES = ("runc", "podman", "containerd", "crio", "docker")
 BINARIES = {"runc": "runc", "podman": "podman", "containerd": "containerd", "crio": "crio", "docker": "dockerd"}
+# The first release of each runtime that reads CDI specs (Docker: features.cdi; containerd: enable_cdi).
+CDI_SINCE = {"docker": (25,), "containerd": (1, 7)}
 SHIM = "gpuhook-runtime"
 CONTAINERD_CRI = {1: ("plugins", "cri"), 2: ("plugins", "io.containerd.grpc.v1.cri"),
                   3: ("plugins", "io.containerd.cri.v1.runtime")}
@@ -68,7 +70,7 @@ class Paths(Record):
     podman_configs: tuple[str, ...] = (PODMAN_VENDOR_CONFIG, PODMAN_CONFIG)
     hooks_dirs: tuple[str, ...] = HOOKS_DIRS
     # where dockerd (started by systemd: its default PATH) looks for nvidia-container-runtime-hook for --gpus
-    docker_path: tuple[str, ...] = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
+    docker_path: tuple[str, ...] = HOOK_PATH
 
     @property
     def cdi_fix(self) -> str:
@@ -272,7 +274,7 @@ def check_containerd(ver: Version | None, paths: Paths, specs: SpecStatus) -> li
     cri = _get(data or {}, CONTAINERD_CRI.get(config_version, CONTAINERD_CRI[2])) or {}
     out: list[Finding] = []
     works = False
-    cdi_supported = ver is None or ver >= (1, 7)
+    cdi_supported = ver is None or ver >= CDI_SINCE["containerd"]
     if cdi_supported:
         enabled = cri.get("enable_cdi", modern)
         dirs = cri.get("cdi_spec_dirs") or list(paths.spec_dirs)
@@ -313,7 +315,7 @@ def check_docker(ver: Version | None, paths: Paths, specs: SpecStatus) -> list[F
     data = data or {}
     out: list[Finding] = []
     works = False
-    cdi_supported = ver is None or ver >= (25,)
+    cdi_supported = ver is None or ver >= CDI_SINCE["docker"]
     if cdi_supported and _get(data, ("features", "cdi")) is True:
         dirs = data.get("cdi-spec-dirs") or list(paths.spec_dirs)
         works, out = _cdi_findings(label, [str(d) for d in dirs], specs)

@@ -180,8 +180,9 @@ def write_atomic(path: str, data: bytes, mode: int = 0o644) -> bool:
 
 def write_regular(path: str, data: bytes, mode: int = 0o644) -> None:
     """Write `data` to `path` atomically, only ever as a regular file: a link at `path` is not followed (and not
-    replaced), a device, FIFO, socket or directory is refused; the folder must exist. For files gpuhook keeps for
-    itself (the inventory cache), where nothing but its own regular file may stand. WriteError otherwise."""
+    replaced), a device, FIFO, socket or directory is refused; a missing folder is created (as every write here
+    does: _replace). For files gpuhook keeps for itself (the inventory cache, the plugin's record), where nothing
+    but its own regular file may stand. WriteError otherwise."""
     target = os.path.abspath(path)
     folder, name = os.path.split(target)
     try:

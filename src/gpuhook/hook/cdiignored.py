@@ -28,22 +28,22 @@ def note(state_dir: str, container_id: str, devices: tuple[str, ...]) -> str:
 
 def record(state_dir: str, container_id: str, devices: tuple[str, ...]) -> str:
     """Write the record into `state_dir` unless one is there already; returns what to note in the log line."""
-    shown = clip(",".join(devices), 200, quote=False)
+    said = f"runtime ignored CDI devices {clip(','.join(devices), 200, quote=False)}"
     if not state_dir:
-        return f"runtime ignored CDI devices {shown}"
+        return said
     path = os.path.join(state_dir, CDI_IGNORED_RECORD)
     try:
         if stat.S_ISREG(os.lstat(path).st_mode):
-            return f"runtime ignored CDI devices {shown}"
+            return said
     except FileNotFoundError:
         pass
     except OSError as exc:
-        return f"runtime ignored CDI devices {shown}; no record: {clip(str(exc), quote=False)}"
+        return f"{said}; no record: {clip(str(exc), quote=False)}"
     from gpuhook.fileio.atomic import write_regular
 
     when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     try:
         write_regular(path, cdiignored.render(container_id, devices, when), 0o644)
     except (GpuhookError, OSError) as exc:
-        return f"runtime ignored CDI devices {shown}; no record: {clip(str(exc), quote=False)}"
-    return f"runtime ignored CDI devices {shown}: recorded in {clip(path, quote=False)}"
+        return f"{said}; no record: {clip(str(exc), quote=False)}"
+    return f"{said}: recorded in {clip(path, quote=False)}"

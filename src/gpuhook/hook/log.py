@@ -11,12 +11,14 @@ import os
 import stat
 
 
-def append_log(path: str, line: str) -> None:
-    """Append `line` to the log at `path`, whole or not at all; never raises."""
+def append_log(path: str, line: str, follow_links: bool = True, mode: int = 0o640) -> None:
+    """Append `line` to the log at `path`, whole or not at all; never raises. `follow_links=False`: never
+    through a link (the shim's runc `--log` file, a path the runtime's caller names)."""
     if not path:
         return
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY, 0o640)
+        fd = os.open(path, flags | (0 if follow_links else os.O_NOFOLLOW), mode)
     except OSError:
         return
     try:

@@ -71,15 +71,15 @@ def _parse_args(argv: list[str]) -> tuple[str | None, str]:
     return config, stage
 
 
-def run(state_text: bytes, config: Config, before_inject: Callable[[bytes], bool] | None = None,
+def run(state_text: bytes, config: Config, before_inject: Callable[[bytes], None] | None = None,
         plan: Callable[[Config, Request], Planned] | None = None) -> str:
     """Handle one container; returns the log summary. Raises GpuhookError for a start that must fail.
 
     Everything up to the plan only reads (the state, config.json, the request, the inventory), so the service runs
     it in its resident process; `before_inject(state_text)` is called right before a container is touched (never
-    for one that asks for no GPU, nor for one refused while planning) and returns True when the calling process is
-    a disposable child (the service forks one there) that may join the container's mount namespace itself instead
-    of forking once more for it. `plan` is plan_request, or the service's memo of it."""
+    for one that asks for no GPU, nor for one refused while planning). Whoever passes it promises that the process
+    it returns in is a disposable child (the service forks one there), which then joins the container's mount
+    namespace itself instead of forking once more for it. `plan` is plan_request, or the service's memo of it."""
     state = parse_state(state_text)
     bundle = load_bundle(state.bundle)
     annotations = {**bundle.annotations, **state.annotations}
@@ -105,24 +105,21 @@ def run(state_text: bytes, config: Config, before_inject: Callable[[bytes], bool
         from gpuhook.hook.cdiignored import note
 
         recorded = note(config.state_dir, state.id, request.cdi_ignored)
-    disposable = before_inject(state_text) if before_inject is not None else False
-    return f"{state.id} " + _inject(config, state.pid, bundle.rootfs, planned, disposable) + notes + recorded
+    if before_inject is not None:
+        before_inject(state_text)
+    return f"{state.id} " + _inject(config, state.pid, bundle.rootfs, planned, before_inject is not None) + notes \
+        + recorded
 
 
 def _inject(config: Config, pid: int, rootfs: str, planned: Planned, disposable: bool) -> str:
-    """The container's device cgroup widened (from the host's mount namespace, so first when this process is
-    about to leave it), its files, nodes and ld cache applied."""
+    """The container's device cgroup widened, from the host's mount namespace (so first: a `disposable` process
+    leaves it for the container's, apply.inject fork=False), then its files, nodes and ld cache applied."""
     from gpuhook.inject.apply import inject
     from gpuhook.inject.devcgroup import DeviceRule, allow_devices
 
     edits = planned.edits
-    rules = [DeviceRule(n.type, n.major, n.minor, "rwm") for n in edits.device_nodes]
-    if disposable:
-        cgroup = allow_devices(pid, rules)
-        inject(pid, rootfs, edits, config.ldconfig, proc_root=config.proc_root, fork=False)
-    else:
-        inject(pid, rootfs, edits, config.ldconfig, proc_root=config.proc_root)
-        cgroup = allow_devices(pid, rules)
+    cgroup = allow_devices(pid, [DeviceRule(n.type, n.major, n.minor, "rwm") for n in edits.device_nodes])
+    inject(pid, rootfs, edits, config.ldconfig, proc_root=config.proc_root, fork=not disposable)
     return f"inject {planned.summary()} cgroup={cgroup}"
 
 
@@ -135,7 +132,7 @@ def config_path_for(argv: list[str], config_env: str | None) -> str | None:
 
 def handle(config_path: str | None, read_state: Callable[[], bytes], start: float,
            load: Callable[[str | None], Config] | None = None,
-           before_inject: Callable[[bytes], bool] | None = None,
+           before_inject: Callable[[bytes], None] | None = None,
            plan: Callable[[Config, Request], Planned] | None = None) -> tuple[int, str]:
     """One container start, as `main` and `gpuhook service` run it: (exit status, the one stderr line or "").
 

@@ -29,23 +29,6 @@ def parse_link(value: str) -> tuple[str, str] | None:
     return target, link
 
 
-def container_rootfs(state_text: bytes) -> str:
-    """The starting container's rootfs from the OCI state, through oci.bundle (the one parser of both inputs)."""
-    from gpuhook.oci.bundle import load_bundle, parse_state
-
-    return load_bundle(parse_state(state_text).bundle).rootfs
-
-
-def container_owner(state_text: bytes) -> tuple[int, int] | None:
-    """The host (uid, gid) of the container's root when it has its own user namespace (what gpuhook creates is
-    given to it), else None; the state's pid is the container's init process at createContainer."""
-    from gpuhook.inject.apply import user_namespace_root
-    from gpuhook.oci.bundle import parse_state
-
-    pid = parse_state(state_text).pid
-    return user_namespace_root(pid) if pid > 0 else None
-
-
 def update_container(rootfs_path: str, links: Iterable[tuple[str, str]], folders: list[str],
                      ldconfig_path: str = DEFAULT_LDCONFIG, host_driver_version: str = "",
                      links_if_present: Iterable[tuple[str, str]] = (),
@@ -55,7 +38,8 @@ def update_container(rootfs_path: str, links: Iterable[tuple[str, str]], folders
     `links_if_present` are made only when their target, resolved beside the link inside the rootfs, exists (a
     device's /dev/dri/by-path link when the runtime gave that device's node).
     With `host_driver_version`, an image's newer CUDA compat libcuda goes first (inject/cudacompat.py). With
-    `owner` (container_owner), what is created belongs to the container's root."""
+    `owner` (run_hook: the host ids of the container's root in its own user namespace), what is created belongs
+    to the container's root."""
     from gpuhook.inject.rootfs import RootFS
 
     fd = -1
@@ -134,5 +118,13 @@ def parse_hook_args(args: Sequence[str]) -> HookArgs | None:
 
 
 def run_hook(parsed: HookArgs, state_text: bytes) -> None:
-    """One createContainer hook call: the parsed command line applied to the container the state names."""
-    update_container(container_rootfs(state_text), *parsed, owner=container_owner(state_text))
+    """One createContainer hook call: the parsed command line applied to the container the state names, its
+    rootfs from config.json through oci.bundle (the one parser of both inputs, the state parsed once). The
+    state's pid is the container's init process at createContainer: with its own user namespace, what is
+    created is given to the host ids of its root."""
+    from gpuhook.inject.apply import user_namespace_root
+    from gpuhook.oci.bundle import load_bundle, parse_state
+
+    state = parse_state(state_text)
+    rootfs = load_bundle(state.bundle).rootfs
+    update_container(rootfs, *parsed, owner=user_namespace_root(state.pid) if state.pid > 0 else None)

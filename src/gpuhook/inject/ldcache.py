@@ -28,8 +28,9 @@ from gpuhook import _native
 from gpuhook.errors import InjectionError, clip
 from gpuhook.inject.mountinfo import read_mounts
 from gpuhook.inject.rootfs import RootFS, shown
+from gpuhook.model.contract import LD_CONF_FILE
 
-CONF_FILE = "/etc/ld.so.conf.d/00-gpuhook.conf"
+CONF_FILE = LD_CONF_FILE
 TRUSTED_DIRS = frozenset({"/lib", "/usr/lib", "/lib64", "/usr/lib64"})
 LDCONFIG_TIMEOUT_S = 20
 # Per-mount flags a bind remount must restate to keep them (statvfs ST_* bits equal the MS_* ones).
@@ -259,7 +260,8 @@ def _keep_only_stdio(ldconfig_fd: int) -> int:
     inherit it): the hook inherits the runtime's (runc's exec.fifo), the injection child the mount sources."""
     if ldconfig_fd != 3:
         os.dup2(ldconfig_fd, 3, inheritable=False)
-    os.closerange(4, os.sysconf("SC_OPEN_MAX") if os.sysconf("SC_OPEN_MAX") > 0 else 1 << 20)
+    most = os.sysconf("SC_OPEN_MAX")
+    os.closerange(4, most if most > 0 else 1 << 20)
     return 3
 
 

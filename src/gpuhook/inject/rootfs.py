@@ -74,6 +74,8 @@ class RootFS:
         except OSError as exc:
             raise InjectionError(f"cannot open container rootfs {path}: {exc.strerror}") from None
         self._mounts: frozenset[int] | None = None
+        self._resolved: dict[str, str] = {}  # leads_to: link-free path -> where it is (the shim checks dozens
+        # of paths under a few folders; each folder is looked at once)
 
     def own_mounts(self) -> frozenset[int]:
         """Ids of the mounts gpuhook may create on: the rootfs's, and those mounted exactly at DEVICE_MOUNTS in
@@ -130,6 +132,9 @@ class RootFS:
                 return here
             part = todo.pop(0)
             nxt = posixpath.normpath(posixpath.join(here, part))
+            if nxt in self._resolved:  # a component that is no link, already looked at: the same one step
+                here = self._resolved[nxt]
+                continue
             try:
                 fd = _native.openat2(self.fd, nxt.lstrip("/") or ".", O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, 0, RESOLVE)
             except OSError:
@@ -146,7 +151,7 @@ class RootFS:
             rel = posixpath.relpath(real, top)
             if rel.startswith(".."):
                 raise InjectionError(f"{shown(path)} in container: leads out of the rootfs")
-            here = "/" if rel == "." else "/" + rel
+            here = self._resolved[nxt] = "/" if rel == "." else "/" + rel
         raise InjectionError(f"{shown(path)} in container: too many links")
 
     def exists(self, path: str) -> bool:

@@ -33,6 +33,10 @@ GATED_DEVICE_ENV: dict[str, str] = {
 # devices (model/request.py: Request.cdi_ignored). The hook or shim that injects it then leaves one record,
 # CDI_IGNORED_RECORD in the state directory (model/cdiignored.py), which the plugin watches and reports once.
 CDI_DEVICES_MARKER = "GPUHOOK_CDI_DEVICES"
+# The PATH gpuhook's hooks are given (CDI specs, oci-hooks.d, runc's base spec) and where doctor looks for the
+# program `docker run --gpus` runs: systemd's default, which dockerd and containerd start with.
+HOOK_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
+LD_CONF_FILE = "/etc/ld.so.conf.d/00-gpuhook.conf"  # in a container: its injected ld folders (inject/ldcache.py)
 STATE_DIR = "/run/gpuhook/records"  # node-local, root's: the hook config's state-dir, the plugin's --hook-state-dir
 # (a folder of its own: the DaemonSet mounts it into the plugin, never the service socket or inventory beside it)
 CDI_IGNORED_RECORD = "cdi-ignored"

@@ -207,11 +207,15 @@ def outcomes(inv: Inventory, constraints: tuple[str, ...], devices: tuple[Gpu | 
             yield evaluate(inv, text, gpu)
 
 
-def check(inv: Inventory, constraints: tuple[str, ...], devices: tuple[Gpu | MigDevice, ...]) -> None:
-    """Raise RequirementError naming the first constraint that no term satisfies, with the host's values."""
+def check(inv: Inventory, constraints: tuple[str, ...], devices: tuple[Gpu | MigDevice, ...]) -> list[Outcome]:
+    """Raise RequirementError naming the first constraint that no term satisfies, with the host's values; else
+    every outcome, which held (doctor says which term decided each)."""
+    held = []
     for outcome in outcomes(inv, constraints, devices):
         if not outcome.held:
             raise RequirementError(unsatisfied_message(outcome))
+        held.append(outcome)
+    return held
 
 
 def unsatisfied_message(outcome: Outcome) -> str:

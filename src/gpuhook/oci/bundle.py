@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 from gpuhook.errors import GpuhookError, clip
 
@@ -37,8 +38,6 @@ def read_bounded(stream: Any, what: str) -> bytes:
 
 def read_stdin_state() -> bytes:
     """The OCI state on stdin (read_bounded)."""
-    import sys
-
     return read_bounded(sys.stdin.buffer, "OCI state on stdin")
 
 

@@ -12,11 +12,13 @@ import shutil
 import sys
 from typing import Any
 
+from gpuhook.model.contract import HOOK_PATH
+
 DEFAULT_HOOK_PATH = "/usr/local/bin/gpuhook-hook"
 HOOK_NAME = "gpuhook-hook"
 HOOK_ARGS = (HOOK_NAME, "prestart")
 # A hook with `env` gets exactly this: never the container's environment, never the runtime's.
-HOOK_ENV = ("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",)
+HOOK_ENV = ("PATH=" + ":".join(HOOK_PATH),)
 HOOKS_D_FILE = "gpuhook.json"
 OCI_HOOKS_VERSION = "1.0.0"
 

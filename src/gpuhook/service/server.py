@@ -15,6 +15,7 @@ Safety rules (README "The hook service"):
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import os
 import signal
@@ -32,6 +33,8 @@ from gpuhook.service import protocol
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from gpuhook.hook.plan import Planned
     from gpuhook.inject.containerhooks import HookArgs
     from gpuhook.model.inventory import Inventory
@@ -143,13 +146,13 @@ def peer_mount_namespace(pid: int) -> int | None:
     return fd
 
 
-def check_pid_fd(state_text: bytes, pid_fd: int) -> None:
+def check_pid_fd(state_text: bytes, pid_fd: int | None) -> None:
     """The /proc/<pid> the client opened is the process `pid` names here: the same mount namespace. Anything
     else (a runtime in another PID namespace, a pid reused since) fails the start rather than touch another
     process. Injecting through the fd itself is issue 21's next step."""
-    pid = parse_state(state_text).pid
-    if pid <= 0:
-        return  # prestart.run words this one
+    if pid_fd is None:
+        return  # a client that sent no fd (no pid in its state): prestart.run words what is wrong
+    pid = parse_state(state_text).pid  # > 0: prestart.run refuses a state without one before it gets here
     try:
         theirs = os.stat(f"/proc/self/fd/{pid_fd}/ns/mnt")
         ours = os.stat(f"/proc/{pid}/ns/mnt")
@@ -326,6 +329,7 @@ class Service:
             return
         except OSError:
             return
+        vet = functools.partial(check_pid_fd, pid_fd=request.pid_fd)  # before_inject, wherever the start runs
         if request.argv[:1] == ["cdi-hook"]:  # a CDI spec's createContainer hook: always a child (it mutates)
             from gpuhook.inject.containerhooks import parse_hook_args
 
@@ -335,22 +339,20 @@ class Service:
                 if request.pid_fd is not None:
                     os.close(request.pid_fd)
                 return
-            self._serve_in_child(conn, request, peer_mount_namespace(peer_pid), start, parsed)
+            self._serve_in_child(conn, request, peer_mount_namespace(peer_pid), start, vet, parsed)
             return
         client_ns = peer_mount_namespace(peer_pid)
         if client_ns is not None:
-            self._serve_in_child(conn, request, client_ns, start)
+            self._serve_in_child(conn, request, client_ns, start, vet)
             return
         child = False
 
-        def fork_for_injection(state_text: bytes) -> bool:
+        def fork_for_injection(state_text: bytes) -> None:
             nonlocal child
-            if request.pid_fd is not None:
-                check_pid_fd(state_text, request.pid_fd)
+            vet(state_text)
             if self._fork(conn):
                 raise _Forked
-            child = True
-            return True  # a disposable process: it joins the container's mount namespace itself
+            child = True  # a disposable process from here on: it joins the container's mount namespace itself
 
         try:
             try:
@@ -374,7 +376,7 @@ class Service:
                 os.close(request.pid_fd)
 
     def _serve_in_child(self, conn: socket.socket, request: protocol.Request, client_ns: int | None, start: float,
-                        cdi: HookArgs | None = None) -> None:
+                        vet: Callable[[bytes], None], cdi: HookArgs | None = None) -> None:
         """The whole call in a child, as the in-process entry would run it where the client is: a client in
         another mount namespace (a runtime with its own /sys/fs/cgroup or /proc; a CDI createContainer hook,
         which runs in the container's) is joined first, so its config file, its cgroup mounts, its /proc and so
@@ -398,18 +400,15 @@ class Service:
 
                 _native.setns(client_ns, _native.CLONE_NEWNS)
                 os.close(client_ns)
-            if cdi is not None:
-                code, line = self._cdi_hook(cdi, request.state)
+            if cdi is not None:  # as `gpuhook cdi-hook …` in-process (cli/entry.run_lean): errors.outcome
+                from gpuhook.errors import outcome
+                from gpuhook.inject.containerhooks import run_hook
+
+                code, line = outcome(lambda: run_hook(cdi, request.state))
                 self._answer(conn, code, line)
                 return
             config_path = prestart.config_path_for(request.argv, request.config_env)
-
-            def disposable(state_text: bytes) -> bool:
-                if request.pid_fd is not None:
-                    check_pid_fd(state_text, request.pid_fd)
-                return True
-
-            code, line = prestart.handle(config_path, lambda: request.state, start, before_inject=disposable)
+            code, line = prestart.handle(config_path, lambda: request.state, start, before_inject=vet)
             self._answer(conn, code, line)
         except SystemExit as exc:
             code = self._answer_exit(conn, exc)
@@ -417,18 +416,6 @@ class Service:
             self._answer(conn, 1, f"gpuhook-hook: service: {render(exc)}")
         finally:
             os._exit(0 if code == 0 else 1)
-
-    @staticmethod
-    def _cdi_hook(cdi: HookArgs, state: bytes) -> tuple[int, str]:
-        """(status, line) of `gpuhook cdi-hook …` run in-process (cli/entry.run_lean's: `gpuhook: ` and one
-        line, exit 1)."""
-        from gpuhook.inject.containerhooks import run_hook
-
-        try:
-            run_hook(cdi, state)
-        except Exception as exc:  # noqa: BLE001 - one line, whatever happened, as in-process
-            return 1, f"gpuhook: {render(exc)}"
-        return 0, ""
 
     def _enter_child(self) -> None:
         """In the forked child: one start, then exit, so no collector, no signal handlers, no listener."""

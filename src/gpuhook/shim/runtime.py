@@ -22,7 +22,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from gpuhook.errors import GpuhookError
+from gpuhook.errors import GpuhookError, clip, render
 from gpuhook.hook.config import CONFIG_ENV
 from gpuhook.hook.installed import DEFAULT_PATH as DEFAULT_HOOK_PATH
 from gpuhook.hook.installed import DOCKER_GPUS_NAME
@@ -196,29 +196,30 @@ def apply_edits(config: dict[str, Any], edits: Any, hook_path: str) -> dict[str,
 # --- the pieces around it -----------------------------------------------------------------------------------
 
 
-def _volumes(config: dict[str, Any]) -> list[str]:
-    """Destinations of the bind mounts config.json already has: host directories the runtime will mount."""
+def _volumes(mounts: list[dict[str, Any]]) -> list[str]:
+    """Destinations of the bind mounts config.json already has (oci/bundle's Bundle.mounts): host directories the
+    runtime will mount."""
     out = []
-    for m in config.get("mounts") or []:
-        if isinstance(m, dict) and isinstance(m.get("destination"), str) and (
+    for m in mounts:
+        if isinstance(m.get("destination"), str) and (
                 m.get("type") == "bind" or any(o in ("bind", "rbind") for o in m.get("options") or [])):
             out.append(os.path.normpath("/" + m["destination"].lstrip("/")))
     return out
 
 
-def check_off_volumes(rootfs_path: str, config: dict[str, Any], edits: Any) -> None:
+def check_off_volumes(rootfs_path: str, mounts: list[dict[str, Any]], edits: Any) -> None:
     """Refuse a start whose mount targets, links or ld configuration would land on a volume through an image link
     (a library folder linking to /data/lib, /data a host directory): runc creates missing mount targets before
     any hook runs, in the host's directory. Followed as runc does (RootFS.leads_to), before config.json changes."""
-    volumes = _volumes(config)
+    volumes = _volumes(mounts)
     if not volumes:
         return
-    from gpuhook.errors import clip
     from gpuhook.inject.rootfs import RootFS
+    from gpuhook.model.contract import LD_CONF_FILE
 
     paths = [m.container_path for m in edits.mounts] + [link.link for link in edits.symlinks]
     if edits.ld_dirs:
-        paths.append("/etc/ld.so.conf.d/00-gpuhook.conf")
+        paths.append(LD_CONF_FILE)
     with RootFS(rootfs_path) as rootfs:
         for path in paths:
             where = rootfs.leads_to(path)
@@ -281,7 +282,7 @@ def prepare(inv: Invocation, config_path: str | None) -> tuple[str, str]:
         who = "gpuhook" if "gpuhook" in owners else "NVIDIA's nvidia-container-runtime-hook"
         return config.log_file, f"{inv.container_id} runtime skip: a {who} prestart hook will inject"
     planned = plan_request(config, request)
-    check_off_volumes(bundle.rootfs, bundle.config, planned.edits)
+    check_off_volumes(bundle.rootfs, bundle.mounts, planned.edits)
     path = os.path.join(inv.bundle, "config.json")
     new = apply_edits(bundle.config, planned.edits, gpuhook_executable())
     from gpuhook.fileio.atomic import write_atomic
@@ -311,8 +312,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             log_file, line = prepare(inv, config_path)
             append_log(log_file, time.strftime("%Y-%m-%dT%H:%M:%S ") + line)
     except Exception as exc:  # noqa: BLE001 - GpuhookError, a stray OSError or a bug: one line
-        from gpuhook.errors import render
-
         line = f"{PROG}: {render(exc)}"
         print(line, file=sys.stderr)
         runtime_log(inv, line)  # where Docker and containerd read why a create failed
@@ -332,25 +331,12 @@ def runtime_log(inv: Invocation, message: str) -> None:
     error" otherwise). Only into a regular file, appended, never through a link; failing to log is not an error."""
     if not inv.log:
         return
-    import stat
-
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1e9) % 10**9:09d}Z"
     if inv.log_format == "json":
-        line = json.dumps({"level": "error", "msg": message, "time": stamp}) + "\n"
+        line = json.dumps({"level": "error", "msg": message, "time": stamp})
     else:
-        line = f"time={json.dumps(stamp)} level=error msg={json.dumps(message)}\n"
-    try:
-        fd = os.open(inv.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
-                     0o644)
-    except OSError:
-        return
-    try:
-        if stat.S_ISREG(os.fstat(fd).st_mode):
-            os.write(fd, line.encode())
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        line = f"time={json.dumps(stamp)} level=error msg={json.dumps(message)}"
+    append_log(inv.log, line, follow_links=False, mode=0o644)
 
 
 if __name__ == "__main__":
