@@ -183,7 +183,8 @@ class TestKubelet:
 
     def restart(self, remove_dir: bool = False) -> float:
         """What a kubelet restart does: stop, delete every socket (or the whole directory), serve kubelet.sock
-        again. Returns the monotonic time at which the new kubelet.sock was listening."""
+        again. Returns the monotonic time taken just before the new kubelet.sock is served: a registration this
+        generation receives comes after it (one stamped after start() could lose the race to a fast plugin)."""
         self.stop()
         if remove_dir:
             shutil.rmtree(self.directory, ignore_errors=True)
@@ -191,8 +192,9 @@ class TestKubelet:
             for name in os.listdir(self.directory):
                 with contextlib.suppress(OSError):
                     os.unlink(os.path.join(self.directory, name))
+        serving_from = time.monotonic()
         self.start()
-        return time.monotonic()
+        return serving_from
 
     def _attach(self, resource: str, client: PluginClient) -> None:
         """Replace the resource's client and stream (a new registration supersedes the old one)."""
