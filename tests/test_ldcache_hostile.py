@@ -317,7 +317,7 @@ def test_ldconfig_keeps_only_the_capabilities_it_needs() -> None:
     need_root()
 
     def child() -> None:
-        ldcache._confine()
+        _native.confine_ldconfig(ldcache.LDCONFIG_CAPABILITIES)
         try:
             os.getpgid(0)  # not on ldconfig's list
         except PermissionError:

@@ -712,3 +712,15 @@ def test_openat2_in_root_survives_concurrent_renames(tmp_path: Path) -> None:
         stop.set()
         thread.join()
         os.close(root)
+
+
+def test_mount_id_is_the_one_fdinfo_and_mountinfo_name(tmp_path: Path) -> None:
+    """statx's STATX_MNT_ID (rootfs.mount_id's fast path) says what /proc/self/fdinfo says, for / and /proc."""
+    for path in ("/", "/proc", str(tmp_path)):
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        try:
+            with open(f"/proc/self/fdinfo/{fd}") as f:
+                fdinfo = next(int(line.split()[1]) for line in f if line.startswith("mnt_id:"))
+            assert nat.mount_id(fd) == fdinfo, path
+        finally:
+            os.close(fd)

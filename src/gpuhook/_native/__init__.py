@@ -16,7 +16,8 @@ __all__ = [
     "LdCacheEntry", "ElfInfo", "BpfProgInfo",
     "parse_ldcache", "read_ldcache", "is_64bit_x86_64", "is_32bit_i386", "flags_label",
     "elf_info", "elf_info_bytes",
-    "setns", "unshare", "die_with_parent", "no_new_privs", "keep_capabilities", "seccomp_ldconfig",
+    "setns", "unshare", "mount_id", "die_with_parent", "no_new_privs", "keep_capabilities", "seccomp_ldconfig",
+    "confine_ldconfig", "spawn_confined",
     "mount", "umount2", "openat2", "mknodat", "open_tree", "move_mount",
     "bpf_prog_query", "bpf_prog_query_flags", "bpf_prog_get_fd_by_id", "bpf_prog_info",
     "bpf_prog_xlated_insns", "bpf_prog_load", "bpf_prog_attach", "bpf_prog_detach",
@@ -263,6 +264,38 @@ def seccomp_ldconfig() -> bool:
     if ffi.errno == errno.ENOSYS:
         return False
     raise _oserror()
+
+
+def mount_id(fd: int) -> int | None:
+    """The id of the mount `fd` lies on (statx STATX_MNT_ID); None from a kernel that does not say (before 5.8)."""
+    out = ffi.new("uint64_t *")
+    return out[0] if _check(lib.gh_mount_id(fd, out)) == 0 else None
+
+
+def confine_ldconfig(keep: int) -> None:
+    """keep_capabilities(keep), no_new_privs, seccomp_ldconfig: what spawn_confined's child runs under."""
+    _check(lib.gh_confine_ldconfig(keep))
+
+
+_SPAWN_STEPS = {lib.GH_SPAWN_PDEATHSIG: "prctl(PR_SET_PDEATHSIG)", lib.GH_SPAWN_FDS: "its descriptors",
+                lib.GH_SPAWN_ROOT: "chroot into the container", lib.GH_SPAWN_CONFINE: "confinement",
+                lib.GH_SPAWN_EXEC: "execve"}
+
+
+def spawn_confined(exe_fd: int, root_fd: int, in_fd: int, out_fd: int, argv: list[str], keep: int,
+                   timeout_s: int) -> int:
+    """gh_spawn_confined (confine.c): the static program `exe_fd`, chrooted to `root_fd`, confined; its pid. A
+    child that could not execve has exited (127): OSError naming the step, after it is waited for."""
+    args = [ffi.new("char[]", os.fsencode(a)) for a in argv]
+    step, err = ffi.new("int *"), ffi.new("int *")
+    pid = lib.gh_spawn_confined(exe_fd, root_fd, in_fd, out_fd, ffi.new("char *[]", [*args, ffi.NULL]), keep,
+                                timeout_s, step, err)
+    if pid < 0:
+        raise _oserror()
+    if step[0]:
+        os.waitpid(pid, 0)
+        raise OSError(err[0], f"{_SPAWN_STEPS.get(step[0], 'setup')}: {os.strerror(err[0])}")
+    return pid
 
 
 def unshare(flags: int) -> None:

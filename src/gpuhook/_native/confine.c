@@ -6,9 +6,14 @@
 #include "gpuhook_native.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
 #include <stddef.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -92,4 +97,109 @@ int gh_seccomp_ldconfig(void)
     struct sock_fprog prog = {(unsigned short)k, f};
     return prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog, 0, 0);
 #endif
+}
+
+int gh_confine_ldconfig(uint64_t keep)
+{
+    if (gh_keep_capabilities(keep) != 0 || gh_no_new_privs() != 0)
+        return -1;
+    if (gh_seccomp_ldconfig() != 0 && errno != ENOSYS)
+        return -1;
+    return 0;
+}
+
+/* --- gh_spawn_confined: ldconfig started without copying the caller ------------------------------------------ */
+
+struct spawn_args {
+    int exe_fd, root_fd, in_fd, out_fd;
+    char *const *argv;
+    uint64_t keep;
+    unsigned int timeout_s;
+    pid_t parent;
+    sigset_t mask;     /* the caller's signal mask, given back to the program at execve */
+    int failed_step;   /* the child writes these (it shares our memory) when it cannot execve */
+    int failed_errno;
+};
+
+static int spawn_fail(struct spawn_args *a, int step)
+{
+    a->failed_errno = errno;
+    a->failed_step = step;
+    _exit(127);
+}
+
+static void close_from(int first)
+{
+    if (syscall(SYS_close_range, (unsigned int)first, ~0U, 0) == 0)
+        return;
+    struct rlimit lim; /* a kernel before 5.9: every descriptor number the limit allows */
+    rlim_t most = getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY ? lim.rlim_cur : 1 << 20;
+    for (rlim_t fd = (rlim_t)first; fd < most; fd++)
+        close((int)fd);
+}
+
+/* Runs on its own stack in our memory until execve: only system calls, nothing of malloc or stdio. */
+static int spawn_child(void *arg)
+{
+    struct spawn_args *a = arg;
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof(dfl));
+    dfl.sa_handler = SIG_DFL;
+    for (int sig = 1; sig < _NSIG; sig++) { /* the caller's handlers (a copy: no CLONE_SIGHAND) never run here */
+        struct sigaction old;
+        if (sigaction(sig, NULL, &old) == 0 && old.sa_handler != SIG_IGN && old.sa_handler != SIG_DFL)
+            sigaction(sig, &dfl, NULL);
+    }
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0)
+        spawn_fail(a, GH_SPAWN_PDEATHSIG);
+    if (getppid() != a->parent) /* the caller was killed already */
+        _exit(127);
+    int exe = fcntl(a->exe_fd, F_DUPFD_CLOEXEC, 10), root = fcntl(a->root_fd, F_DUPFD_CLOEXEC, 10);
+    int in = fcntl(a->in_fd, F_DUPFD_CLOEXEC, 10), out = fcntl(a->out_fd, F_DUPFD_CLOEXEC, 10);
+    if (exe < 0 || root < 0 || in < 0 || out < 0)
+        spawn_fail(a, GH_SPAWN_FDS);
+    if (dup2(in, 0) < 0 || dup2(out, 1) < 0 || dup2(out, 2) < 0 || dup3(exe, 3, O_CLOEXEC) < 0)
+        spawn_fail(a, GH_SPAWN_FDS);
+    if (fchdir(root) != 0)
+        spawn_fail(a, GH_SPAWN_ROOT);
+    close_from(4);
+    if (chroot(".") != 0 || chdir("/") != 0)
+        spawn_fail(a, GH_SPAWN_ROOT);
+    alarm(a->timeout_s); /* survives execve; before the filter, which does not allow alarm() */
+    if (gh_confine_ldconfig(a->keep) != 0)
+        spawn_fail(a, GH_SPAWN_CONFINE);
+    sigprocmask(SIG_SETMASK, &a->mask, NULL);
+    char *envp[] = {NULL};
+    syscall(SYS_execveat, 3, "", a->argv, envp, AT_EMPTY_PATH);
+    return spawn_fail(a, GH_SPAWN_EXEC);
+}
+
+int gh_spawn_confined(int exe_fd, int root_fd, int in_fd, int out_fd, char *const argv[], uint64_t keep,
+                      unsigned int timeout_s, int *failed_step, int *failed_errno)
+{
+    enum { STACK = 256 * 1024 };
+    struct spawn_args a;
+    memset(&a, 0, sizeof(a));
+    a.exe_fd = exe_fd;
+    a.root_fd = root_fd;
+    a.in_fd = in_fd;
+    a.out_fd = out_fd;
+    a.argv = argv;
+    a.keep = keep;
+    a.timeout_s = timeout_s;
+    a.parent = getpid();
+    void *stack = mmap(NULL, STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+    if (stack == MAP_FAILED)
+        return -1;
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &a.mask); /* no signal is handled while the child runs on our memory */
+    pid_t pid = clone(spawn_child, (char *)stack + STACK, CLONE_VM | CLONE_VFORK | SIGCHLD, &a);
+    int saved = errno;
+    pthread_sigmask(SIG_SETMASK, &a.mask, NULL);
+    munmap(stack, STACK);
+    *failed_step = a.failed_step;
+    *failed_errno = a.failed_errno;
+    errno = saved;
+    return pid;
 }

@@ -426,6 +426,23 @@ int gh_setns(int fd, int nstype) { return setns(fd, nstype); }
 
 int gh_unshare(int flags) { return unshare(flags); }
 
+int gh_mount_id(int fd, uint64_t *out)
+{
+    /* struct statx by its kernel ABI (include/uapi/linux/stat.h): stx_mask at 0, stx_mnt_id at 144, 256 bytes; a
+     * raw buffer, because glibc's and the kernel's headers both define the struct and cannot be included together */
+    enum { STATX_MNT_ID_BIT = 0x1000, MASK_AT = 0, MNT_ID_AT = 144, SIZE = 256 };
+    uint64_t buf[SIZE / 8];
+    memset(buf, 0, sizeof(buf));
+    if (syscall(SYS_statx, fd, "", AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW, STATX_MNT_ID_BIT, buf) != 0)
+        return -1;
+    uint32_t mask;
+    memcpy(&mask, (const uint8_t *)buf + MASK_AT, sizeof(mask));
+    if (!(mask & STATX_MNT_ID_BIT))
+        return 1; /* a kernel before 5.8: the caller reads /proc/self/fdinfo */
+    memcpy(out, (const uint8_t *)buf + MNT_ID_AT, sizeof(*out));
+    return 0;
+}
+
 int gh_set_pdeathsig(int sig) { return prctl(PR_SET_PDEATHSIG, (unsigned long)sig, 0, 0, 0); }
 
 int gh_mount(const char *source, const char *target, const char *fstype, unsigned long flags, const char *data)

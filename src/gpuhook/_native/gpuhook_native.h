@@ -49,6 +49,9 @@ int gh_elf_info_fd(int fd, struct gh_elfinfo *out, char *err, size_t errlen);
 
 int gh_setns(int fd, int nstype);
 int gh_unshare(int flags);
+/* The id of the mount `fd` is on (statx STATX_MNT_ID, as /proc/self/fdinfo's mnt_id): 0, or 1 when the kernel
+ * does not report it (before 5.8), or -1 (errno). */
+int gh_mount_id(int fd, uint64_t *out);
 int gh_set_pdeathsig(int sig);
 int gh_mount(const char *source, const char *target, const char *fstype, unsigned long flags,
              const char *data);
@@ -75,6 +78,16 @@ int gh_keep_capabilities(uint64_t keep);
 /* Install the ldconfig allow-list (other calls: EPERM; another arch or x32: killed); needs no_new_privs.
  * -1/ENOSYS on an architecture it has no list for. */
 int gh_seccomp_ldconfig(void);
+/* All three, in that order (ENOSYS from the filter tolerated): what ldconfig runs under. */
+int gh_confine_ldconfig(uint64_t keep);
+/* Start the host's ldconfig (`exe_fd`, static) confined, in the root `root_fd`, stdin from `in_fd`, stdout and
+ * stderr to `out_fd`, no environment, `alarm(timeout_s)`, only stdio (and the program's own descriptor, 3,
+ * close-on-exec) kept, killed with its caller. A clone(CLONE_VM | CLONE_VFORK) child, as posix_spawn: a large
+ * caller (the resident service) pays no copy of its memory. Returns the pid (or -1, errno); a child that could
+ * not execve has exited 127, with the step (GH_SPAWN_*) and errno in *failed_step, *failed_errno. */
+enum { GH_SPAWN_PDEATHSIG = 1, GH_SPAWN_FDS = 2, GH_SPAWN_ROOT = 3, GH_SPAWN_CONFINE = 4, GH_SPAWN_EXEC = 5 };
+int gh_spawn_confined(int exe_fd, int root_fd, int in_fd, int out_fd, char *const argv[], uint64_t keep,
+                      unsigned int timeout_s, int *failed_step, int *failed_errno);
 /* CDEF END */
 
 #endif

@@ -44,6 +44,7 @@ def _mask_proc(root: RootFS, edits: ContainerEdits, proc_root: str) -> None:
         version = f.read()
     params = _params_without_modify(edits.params_host_path) if edits.params_host_path else b""
     dfd = root.open("/proc/driver/nvidia", os.O_PATH | os.O_DIRECTORY)
+    root.forget_dirs()  # covered by the tmpfs from here on
     try:
         _native.mount(
             "tmpfs",
@@ -57,7 +58,7 @@ def _mask_proc(root: RootFS, edits: ContainerEdits, proc_root: str) -> None:
     root.write_file("/proc/driver/nvidia/version", version, 0o444)
     if params:
         root.write_file("/proc/driver/nvidia/params", params, 0o444)
-    root.mkdirs("/proc/driver/nvidia/gpus", 0o555)
+    os.close(root.mkdirs("/proc/driver/nvidia/gpus", 0o555))
     for path, fd in sources.items():
         mounts.bind(root, fd, path, ("ro", "nosuid", "nodev", "noexec"))
         os.close(fd)
@@ -125,7 +126,9 @@ def apply_in_namespace(
         _mask_proc(root, edits, proc_root)
         os.umask(0o022)
         if edits.ld_dirs:
-            cudacompat.update_ldcache(root, edits.ld_dirs, ldconfig_fd, edits.cuda_compat_driver)
+            # last: the process leaves the container's namespace for ldconfig's private view of it (a process
+            # that joined a container's namespace exists for that container alone: disposable)
+            cudacompat.update_ldcache(root, edits.ld_dirs, ldconfig_fd, edits.cuda_compat_driver, disposable=True)
 
 
 def run_in_mount_namespace(pid: int, work: Callable[[], None], proc_root: str = "/proc", fork: bool = True) -> None:

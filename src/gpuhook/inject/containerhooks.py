@@ -32,14 +32,14 @@ def parse_link(value: str) -> tuple[str, str] | None:
 def update_container(rootfs_path: str, links: Iterable[tuple[str, str]], folders: list[str],
                      ldconfig_path: str = DEFAULT_LDCONFIG, host_driver_version: str = "",
                      links_if_present: Iterable[tuple[str, str]] = (),
-                     owner: tuple[int, int] | None = None) -> None:
+                     owner: tuple[int, int] | None = None, disposable: bool = False) -> None:
     """Create the links (an existing file or directory at a link is left alone), then, if `folders`, register
     them and rebuild the ld cache with the host's ldconfig. One rootfs descriptor for both steps.
     `links_if_present` are made only when their target, resolved beside the link inside the rootfs, exists (a
     device's /dev/dri/by-path link when the runtime gave that device's node).
     With `host_driver_version`, an image's newer CUDA compat libcuda goes first (inject/cudacompat.py). With
     `owner` (run_hook: the host ids of the container's root in its own user namespace), what is created belongs
-    to the container's root."""
+    to the container's root. `disposable`: ldcache.update_ldcache's (this process exists for this container)."""
     from gpuhook.inject.rootfs import RootFS
 
     fd = -1
@@ -58,7 +58,7 @@ def update_container(rootfs_path: str, links: Iterable[tuple[str, str]], folders
             if folders:
                 from gpuhook.inject.cudacompat import update_ldcache
 
-                update_ldcache(rootfs, folders, fd, host_driver_version)
+                update_ldcache(rootfs, folders, fd, host_driver_version, disposable)
     finally:
         if fd >= 0:
             os.close(fd)
@@ -121,10 +121,12 @@ def run_hook(parsed: HookArgs, state_text: bytes) -> None:
     """One createContainer hook call: the parsed command line applied to the container the state names, its
     rootfs from config.json through oci.bundle (the one parser of both inputs, the state parsed once). The
     state's pid is the container's init process at createContainer: with its own user namespace, what is
-    created is given to the host ids of its root."""
+    created is given to the host ids of its root. Its caller is that hook's own process (the CLI's, or the
+    service's child for it), which exists for this one call: disposable (ldcache.update_ldcache)."""
     from gpuhook.inject.apply import user_namespace_root
     from gpuhook.oci.bundle import load_bundle, parse_state
 
     state = parse_state(state_text)
     rootfs = load_bundle(state.bundle).rootfs
-    update_container(rootfs, *parsed, owner=user_namespace_root(state.pid) if state.pid > 0 else None)
+    update_container(rootfs, *parsed, owner=user_namespace_root(state.pid) if state.pid > 0 else None,
+                     disposable=True)

@@ -65,12 +65,14 @@ def compat_folder(rootfs: RootFS, host_driver_version: str) -> str | None:
     return COMPAT_DIR if match is not None and int(match.group(1)) > host_major else None
 
 
-def update_ldcache(rootfs: RootFS, folders: list[str], ldconfig_fd: int, host_driver_version: str) -> None:
-    """ldcache.update_ldcache, with the image's compat folder first when it is newer than the host driver; under
-    the image's lock (ldcache.image_lock), so concurrent starts of one image directory take turns."""
+def update_ldcache(rootfs: RootFS, folders: list[str], ldconfig_fd: int, host_driver_version: str,
+                   disposable: bool = False) -> None:
+    """ldcache.update_ldcache (`disposable`: its), with the image's compat folder first when it is newer than the
+    host driver; under the image's lock (ldcache.image_lock), so concurrent starts of one image directory take
+    turns."""
     with ldcache.image_lock(rootfs):
         compat = compat_folder(rootfs, host_driver_version) if host_driver_version else None
         if compat is not None:
             rootfs.write_file(CONF_FILE, f"{compat}\n".encode())
             folders = [compat, *(f for f in folders if f != compat)]
-        ldcache.update_ldcache(rootfs, folders, ldconfig_fd)
+        ldcache.update_ldcache(rootfs, folders, ldconfig_fd, disposable)

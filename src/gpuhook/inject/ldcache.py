@@ -25,7 +25,7 @@ import struct
 from collections.abc import Iterator
 
 from gpuhook import _native
-from gpuhook.errors import InjectionError, clip
+from gpuhook.errors import GpuhookError, InjectionError, clip, render
 from gpuhook.inject.mountinfo import read_mounts
 from gpuhook.inject.rootfs import RootFS, shown
 from gpuhook.model.contract import LD_CONF_FILE
@@ -255,54 +255,64 @@ def _hide_procfs(rootfs: RootFS, top: str, mounts: list[tuple[str, str]]) -> Non
 LDCONFIG_CAPABILITIES = (1 << 1) | (1 << 2) | (1 << 3)
 
 
-def _keep_only_stdio(ldconfig_fd: int) -> int:
-    """Close every descriptor but 0-2 and ldconfig's own (moved to 3, close-on-exec: ldconfig does not even
-    inherit it): the hook inherits the runtime's (runc's exec.fifo), the injection child the mount sources."""
-    if ldconfig_fd != 3:
-        os.dup2(ldconfig_fd, 3, inheritable=False)
-    most = os.sysconf("SC_OPEN_MAX")
-    os.closerange(4, most if most > 0 else 1 << 20)
-    return 3
+def _private_view(rootfs: RootFS) -> RootFS:
+    """Leave the container's mount namespace for a private copy of it, in which ldconfig may touch nothing it
+    must not: every mount of the rootfs nodev (and read-only below the rootfs's own), every procfs in it under an
+    empty tmpfs. Returns the rootfs opened again there (a descriptor opened before unshare() is in the old
+    namespace: mount() on it is EINVAL). The calling process stays in that copy: it must be disposable."""
+    _native.unshare(_native.CLONE_NEWNS)
+    _native.mount(None, "/", None, _native.MS_REC | _native.MS_PRIVATE, None)
+    top = os.readlink(f"/proc/self/fd/{rootfs.fd}")  # the rootfs's real path, as mountinfo spells it
+    mounts = _mounts_under(top)
+    _remount_nodev(top, [point for point, _ in mounts])
+    view = RootFS(rootfs.path)
+    _hide_procfs(view, top, mounts)
+    return view
 
 
-def _confine() -> None:
-    """As libnvidia-container confines its ldconfig: the capabilities it needs only, no_new_privs, and a seccomp
-    allow-list (gpuhook_native confine.c), so a memory bug in glibc's parsers of the image's ELF files and
-    configuration cannot become a host escape."""
-    _native.keep_capabilities(LDCONFIG_CAPABILITIES)
-    _native.no_new_privs()
-    _native.seccomp_ldconfig()
-
-
-def _child(rootfs: RootFS, ldconfig_fd: int, argv: list[str], err_w: int) -> None:
-    """Runs in the forked child: never returns."""
+def _start(rootfs: RootFS, ldconfig_fd: int, argv: list[str], out: int) -> int:
+    """The pid of ldconfig started over `rootfs` from a private view of it (_private_view), output to `out`: as
+    libnvidia-container confines its ldconfig (the capabilities it needs only, no_new_privs, a seccomp allow-list:
+    gpuhook_native confine.c), so a memory bug in glibc's parsers of the image's ELF files and configuration
+    cannot become a host escape. It is chrooted through the rootfs's descriptor before it runs at all (the path
+    is not looked up again); it was opened on the host and is static (check_static), so its exec needs nothing
+    from the container's filesystem; it inherits no descriptor but stdio (not runc's exec.fifo, not the mount
+    sources) and no environment."""
+    view = _private_view(rootfs)
+    null = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)  # the host's, opened before leaving it
     try:
-        _native.unshare(_native.CLONE_NEWNS)
-        _native.mount(None, "/", None, _native.MS_REC | _native.MS_PRIVATE, None)
-        top = os.readlink(f"/proc/self/fd/{rootfs.fd}")  # the rootfs's real path, as mountinfo spells it
-        mounts = _mounts_under(top)
-        _remount_nodev(top, [point for point, _ in mounts])
-        rootfs = RootFS(rootfs.path)  # a descriptor opened before unshare() is in the old namespace: mount() EINVAL
-        _hide_procfs(rootfs, top, mounts)
-        null = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)  # the host's, opened before leaving it
-        os.dup2(null, 0)
-        os.dup2(err_w, 1)
-        os.dup2(err_w, 2)
-        # Enter the container's root before ldconfig runs at all: through the descriptor (the path is not
-        # looked up again), then "/" so no working directory is left outside. ldconfig was opened on the host
-        # and is static (check_static): the exec needs nothing from the container's filesystem.
-        os.fchdir(rootfs.fd)
-        os.chroot(".")
-        os.chdir("/")
-        exe = _keep_only_stdio(ldconfig_fd)
-        signal.alarm(LDCONFIG_TIMEOUT_S)  # survives execve; SIGALRM's default action ends ldconfig. Before the
-        _confine()                        # filter, which does not allow alarm() (nor does ldconfig need it)
-        os.execve(exe, argv, {})
+        return _native.spawn_confined(ldconfig_fd, view.fd, null, out, argv, LDCONFIG_CAPABILITIES,
+                                      LDCONFIG_TIMEOUT_S)
+    finally:
+        os.close(null)
+        view.close()
+
+
+def _start_from_child(rootfs: RootFS, ldconfig_fd: int, argv: list[str], out: int) -> int:
+    """_start from a forked child, for a caller that must stay in its namespace; the child ends as ldconfig did
+    (the same exit status or signal), so the caller reads it as ldconfig's own."""
+    parent = os.getpid()
+    pid = os.fork()
+    if pid:
+        return pid
+    try:
+        _native.die_with_parent(parent)
+        _, status = os.waitpid(_start(rootfs, ldconfig_fd, argv, out), 0)
+        if os.WIFSIGNALED(status):
+            signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
+            os.kill(os.getpid(), os.WTERMSIG(status))
+        os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
     except BaseException as exc:  # noqa: BLE001 - report whatever stopped us, then die
         try:
-            os.write(err_w, f"cannot run ldconfig: {exc}".encode())
+            os.write(out, _start_failure(exc).encode())
         finally:
             os._exit(127)
+
+
+def _start_failure(exc: BaseException) -> str:
+    """One line for a start of ldconfig that failed (spawn_confined's OSError names its step)."""
+    plain = isinstance(exc, OSError) and exc.strerror and exc.filename is None
+    return f"cannot run ldconfig: {exc.strerror if plain else render(exc)}"
 
 
 @contextlib.contextmanager
@@ -336,8 +346,11 @@ def image_lock(rootfs: RootFS, timeout: float = LDCONFIG_TIMEOUT_S) -> Iterator[
         os.close(fd)  # releases the lock
 
 
-def update_ldcache(rootfs: RootFS, folders: list[str], ldconfig_fd: int) -> None:
-    """Write the conf entry and run the host ldconfig (opened as `ldconfig_fd`) over the rootfs."""
+def update_ldcache(rootfs: RootFS, folders: list[str], ldconfig_fd: int, disposable: bool = False) -> None:
+    """Write the conf entry and run the host ldconfig (opened as `ldconfig_fd`) over the rootfs. `disposable`: the
+    caller is a process that exists for this one container (it joined the container's mount namespace, or is the
+    container's own createContainer hook) and may leave that namespace for ldconfig's private view (_start):
+    ldconfig then starts without a fork of the caller; otherwise a forked child takes that step."""
     os.close(rootfs.mkdirs("/etc"))
     known = configured_folders(rootfs)  # also refuses special files where ldconfig reads its configuration
     _check_cache_tmp(rootfs)
@@ -346,16 +359,16 @@ def update_ldcache(rootfs: RootFS, folders: list[str], ldconfig_fd: int) -> None
         write_conf(rootfs, folders, known)
     argv = ldconfig_argv(folders)
     r, w = os.pipe()
-    parent = os.getpid()
-    pid = os.fork()
-    if pid == 0:
-        os.close(r)
-        _native.die_with_parent(parent)
-        _child(rootfs, ldconfig_fd, argv, w)
-    os.close(w)
+    try:
+        pid = (_start if disposable else _start_from_child)(rootfs, ldconfig_fd, argv, w)
+    except (OSError, GpuhookError) as exc:
+        raise InjectionError(f"ldconfig failed in container: {_start_failure(exc)}") from None
+    finally:
+        os.close(w)
     with os.fdopen(r, "rb") as pipe:
         output = pipe.read(8192).decode(errors="replace").strip()
     _, status = os.waitpid(pid, 0)
+    rootfs.forget_dirs()  # ldconfig replaced links in the image
     code = os.waitstatus_to_exitcode(status)
     if code == -signal.SIGALRM:
         raise InjectionError(f"ldconfig did not finish in {LDCONFIG_TIMEOUT_S}s in container (a FIFO in the image?)")

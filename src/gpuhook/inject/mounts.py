@@ -45,6 +45,8 @@ def bind(rootfs: RootFS, tree_fd: int, container_path: str, options: tuple[str, 
     """Attach the cloned tree `tree_fd` at `container_path` inside the rootfs, then apply the option flags."""
     is_dir = stat.S_ISDIR(os.fstat(tree_fd).st_mode)
     target = rootfs.mkdirs(container_path) if is_dir else rootfs.ensure_file(container_path)
+    if is_dir:
+        rootfs.forget_dirs()  # covered from here on: a folder held at or below it is no longer what paths reach
     _attach(tree_fd, target, container_path, options)
 
 

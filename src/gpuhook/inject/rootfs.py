@@ -51,7 +51,10 @@ def _split(path: str) -> tuple[str, str]:
 
 
 def mount_id(fd: int) -> int:
-    """The id of the mount `fd` lies on (/proc/self/fdinfo: statx's STX_MNT_ID without statx)."""
+    """The id of the mount `fd` lies on: statx's STATX_MNT_ID, or /proc/self/fdinfo's mnt_id before Linux 5.8."""
+    found = _native.mount_id(fd)
+    if found is not None:
+        return found
     with open(f"/proc/self/fdinfo/{fd}", "rb") as f:
         for line in f:
             if line.startswith(b"mnt_id:"):
@@ -59,6 +62,7 @@ def mount_id(fd: int) -> int:
     raise InjectionError("cannot tell which mount a container folder is on (no mnt_id in fdinfo)")
 
 
+MAX_HELD_DIRS = 64  # folders a RootFS keeps open for the next creation in them (mkdirs)
 LINK_TRIES = 3  # symlink(): looks at a link that another start's ldconfig is replacing this often
 DEVICE_MOUNTS = ("/dev", "/proc/driver/nvidia")  # mounts made for the container's devices, besides its own
 
@@ -76,6 +80,8 @@ class RootFS:
         self._mounts: frozenset[int] | None = None
         self._resolved: dict[str, str] = {}  # leads_to: link-free path -> where it is (the shim checks dozens
         # of paths under a few folders; each folder is looked at once)
+        self._dirs: dict[str, int] = {}  # mkdirs: container folder -> a descriptor of it (dozens of libraries are
+        # mounted into one folder; it is looked up once, until something could change what the path leads to)
 
     def own_mounts(self) -> frozenset[int]:
         """Ids of the mounts gpuhook may create on: the rootfs's, and those mounted exactly at DEVICE_MOUNTS in
@@ -87,13 +93,17 @@ class RootFS:
         ids.update(m.mount_id for m in read_mounts() if m.mountpoint in wanted)
         return frozenset(ids)
 
-    def check_own(self, pfd: int, path: str) -> None:
-        """Refuse to create, write or remove anything in folder `pfd` (where `path` goes) unless it is on one of
-        own_mounts(): an image link must not lead gpuhook onto a volume, a host directory."""
+    def is_own(self, pfd: int) -> bool:
+        """Folder `pfd` is on one of own_mounts() (read again when it is not in the last reading)."""
         mnt = mount_id(pfd)
         if self._mounts is None or mnt not in self._mounts:
             self._mounts = self.own_mounts()
-        if mnt not in self._mounts:
+        return mnt in self._mounts
+
+    def check_own(self, pfd: int, path: str) -> None:
+        """Refuse to create, write or remove anything in folder `pfd` (where `path` goes) unless it is on one of
+        own_mounts(): an image link must not lead gpuhook onto a volume, a host directory."""
+        if not self.is_own(pfd):
             raise InjectionError(f"{shown(path)} in container: leads out of the container's own filesystem (onto "
                                  "a volume or another mount): refusing to create anything there")
 
@@ -109,9 +119,18 @@ class RootFS:
         self.close()
 
     def close(self) -> None:
+        self.forget_dirs()
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+    def forget_dirs(self) -> None:
+        """Drop the folders mkdirs holds: whoever mounts over a folder, or replaces or removes a link, in the
+        rootfs calls this, so a held descriptor never stands for a path that now leads elsewhere (a folder
+        covered by a mount, a link aimed anew)."""
+        for fd in self._dirs.values():
+            os.close(fd)
+        self._dirs.clear()
 
     def open(self, path: str, flags: int = O_PATH, mode: int = 0) -> int:
         """A descriptor for `path` resolved inside the rootfs (the caller closes it)."""
@@ -170,9 +189,12 @@ class RootFS:
         or `..` link somewhere else than every other lookup of the same path (and than the container's).
         """
         norm = posixpath.normpath("/" + path.lstrip("/"))
+        held = self._dirs.get(norm)
+        if held is not None:
+            return os.dup(held)
         try:  # the usual case, the whole folder already there: one lookup, from the rootfs's descriptor as below
-            return _native.openat2(self.fd, norm.lstrip("/") or ".", O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, 0,
-                                   RESOLVE)
+            return self._hold(norm, _native.openat2(self.fd, norm.lstrip("/") or ".",
+                                                    O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, 0, RESOLVE))
         except OSError:
             pass  # missing, or not usable: the walk below creates what is missing or names the part that fails
         parts = [p for p in norm.split("/") if p]
@@ -194,10 +216,16 @@ class RootFS:
                                              f"directory ({again.strerror})") from None
                 os.close(current)
                 current = nxt
-            return current
+            return self._hold(norm, current)
         except BaseException:
             os.close(current)
             raise
+
+    def _hold(self, norm: str, fd: int) -> int:
+        """`fd` (folder `norm`), a copy of it kept for the next mkdirs of the same folder (forget_dirs)."""
+        if len(self._dirs) < MAX_HELD_DIRS:
+            self._dirs[norm] = os.dup(fd)
+        return fd
 
     def _mkdir_at(self, dirfd: int, name: str, mode: int, full: str) -> None:
         """mkdir, where EEXIST is fine: another start on the same image made it between our lookup and now (what
@@ -211,13 +239,16 @@ class RootFS:
             raise _error("cannot create", full, exc) from None
 
     def ensure_file(self, path: str, mode: int = 0o644) -> int:
-        """O_PATH descriptor of a regular file at `path` (an empty one is created if missing)."""
+        """A descriptor of a regular file at `path` (an empty one is created if missing), to mount onto."""
         parent, name = _split(path)
         pfd = self.mkdirs(parent)
         try:
-            try:  # from the rootfs's descriptor, like every lookup (see mkdirs)
+            fd = self._create_new(pfd, name, mode, path)  # the usual case (a fresh image): created at once
+            if fd is not None:
+                return fd
+            try:  # something stands there (or the folder is not ours): from the rootfs's descriptor, like every
                 fd = _native.openat2(self.fd, posixpath.join(parent, name).lstrip("/"), O_PATH | os.O_CLOEXEC, 0,
-                                     RESOLVE)
+                                     RESOLVE)  # lookup (see mkdirs), a link followed inside the rootfs
             except OSError as exc:
                 if exc.errno != errno.ENOENT:
                     raise _error("", path, exc) from None
@@ -228,6 +259,26 @@ class RootFS:
             return fd
         finally:
             os.close(pfd)
+
+    def _create_new(self, pfd: int, name: str, mode: int, full: str) -> int | None:
+        """A new empty file `name` in folder `pfd` (which is on one of own_mounts()), opened for writing (a mount
+        target all the same); None when something already stands there or the folder is not ours, for
+        ensure_file to look at as every other path."""
+        if not self.is_own(pfd):
+            return None
+        try:
+            fd = _native.openat2(pfd, name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, mode,
+                                 RESOLVE)
+        except FileExistsError:
+            return None
+        except OSError as exc:
+            raise _error("cannot create", full, exc) from None
+        try:
+            self._chown(pfd, name)
+        except OSError as exc:
+            os.close(fd)
+            raise _error("cannot create", full, exc) from None
+        return fd
 
     def _create(self, pfd: int, name: str, mode: int, full: str) -> int:
         self.check_own(pfd, full)
@@ -328,6 +379,7 @@ class RootFS:
                 return True
         self.check_own(pfd, link)
         if st is not None:
+            self.forget_dirs()  # the link may have been a folder on a held path
             os.unlink(name, dir_fd=pfd)
         try:
             os.symlink(target, name, dir_fd=pfd)
@@ -355,6 +407,7 @@ class RootFS:
                     raise InjectionError(f"cannot create device {shown(path)} in container: a directory stands there")
             self.check_own(pfd, path)
             if st is not None:
+                self.forget_dirs()  # it may have been a link to a folder on a held path
                 os.unlink(name, dir_fd=pfd)
             try:
                 _native.mknodat(pfd, name, fmt | (mode & 0o7777), major, minor)
