@@ -65,7 +65,25 @@ def test_request_round_trip_with_the_pid_fd() -> None:
     assert request.state == b'{"pid": 1}' and request.pid_fd is not None
     assert os.path.samestat(os.fstat(request.pid_fd), os.stat("/proc/self"))
     os.close(request.pid_fd)
-    assert protocol.decode_answer(protocol.encode_answer(1, "gpuhook-hook: no")) == (1, "gpuhook-hook: no")
+    assert protocol.decode_answer(protocol.encode_answer(1, "gpuhook-hook: no")) == (1, "gpuhook-hook: no", b"")
+
+
+def test_a_commands_answer_carries_its_output_and_a_header_its_context() -> None:
+    """generate-cdi's answer: stderr and stdout, each bounded; its request: cwd, interpreter, SERVED_ENV."""
+    answer = protocol.encode_answer(0, "note\n", b"cdiVersion: 0.5.0\n")
+    assert protocol.decode_answer(answer, with_output=True) == (0, "note\n", b"cdiVersion: 0.5.0\n")
+    assert protocol.decode_answer(protocol.encode_answer(1, "refused"), with_output=True) == (1, "refused", b"")
+    with pytest.raises(protocol.ProtocolError, match="does not match its length"):
+        protocol.decode_answer(answer)  # a hook's answer has no output part
+    with pytest.raises(protocol.ProtocolError, match="output length"):
+        protocol.decode_answer(answer[:-1], with_output=True)
+    client, server = _pair()
+    with client, server:
+        client.sendall(protocol.encode_request(["generate-cdi", "-o", 'a"\n\u00e9'], b"", cwd="/w", exe="/v/bin/py",
+                                               env=protocol.served_env({"PATH": "/bin", "HOME": "/root"})))
+        request = protocol.read_request(server)
+    assert (request.argv, request.cwd, request.exe, request.env) == (["generate-cdi", "-o", 'a"\n\u00e9'], "/w",
+                                                                     "/v/bin/py", ["PATH=/bin"])
 
 
 def _framed(header: bytes) -> bytes:
@@ -134,7 +152,7 @@ def ask(sock: Path, argv: list[str], body: bytes, pid_fd: int | None = None) -> 
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         conn.connect(str(sock))
         protocol.send_request(conn, argv, body, pid_fd=pid_fd)
-        return protocol.recv_answer(conn)
+        return protocol.recv_answer(conn)[:2]
 
 
 @pytest.fixture()
@@ -438,7 +456,7 @@ def serve(service: Any, argv: list[str], body: bytes) -> tuple[int, str]:
         protocol.send_request(client, argv, body)
         service.serve_one(server)
         server.close()
-        return protocol.recv_answer(client)
+        return protocol.recv_answer(client)[:2]
 
 
 def test_the_parent_answers_what_touches_no_container_without_forking(in_process: Any, root_tmp: Path) -> None:
@@ -543,3 +561,85 @@ def test_a_runtime_in_its_own_mount_namespace_is_served_from_there(native: Path,
     assert result.returncode == 0, result.stderr
     assert "No such device or address" in result.stdout  # the node got through the widened filter
     assert "cgroup=v2" in (root_tmp / "gpuhook.log").read_text() and not (root_tmp / "fallback-ran").exists()
+
+
+# --- generate-cdi through the service ---------------------------------------------------------------------------
+
+# The console script's main, saying on its last stderr line whether the spec modules were loaded here (so the
+# command ran in-process) or not (the service answered it).
+CLIENT = ("import sys; from gpuhook.cli import main; code = main(sys.argv[1:]); "
+          "sys.stderr.write('IN-PROCESS\\n' if 'gpuhook.cli.generate' in sys.modules else 'SERVED\\n'); sys.exit(code)")
+
+
+def generate_cdi(args: list[str], cwd: Path, sock: Path, exe: str = sys.executable,
+                 env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([exe, "-c", CLIENT, "generate-cdi", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "GPUHOOK_SERVICE_SOCKET": str(sock), **(env or {})})
+
+
+def test_generate_cdi_through_the_service_is_the_in_process_spec(gpu_service: Running, root_tmp: Path,
+                                                                  fake_driver: Any) -> None:
+    """Issue 21, item 1: the service answers `gpuhook generate-cdi`; stdout, --output (relative: the client's cwd)
+    and errors are byte for byte what the command does in-process, which runs when nothing listens."""
+    work = root_tmp / "client"
+    work.mkdir()
+    driver = os.path.relpath(fake_driver.root, work)
+    args = ["--driver-root", driver, "--proc-root", os.path.join(driver, "proc"), "--hook-path", "bin/hook",
+            "--inventory-cache", "inv.json"]
+    none = root_tmp / "none.sock"
+    local, served, again = (generate_cdi(args, work, sock) for sock in (none, gpu_service.sock, gpu_service.sock))
+    assert local.returncode == served.returncode == again.returncode == 0, (local.stderr, served.stderr)
+    assert local.stderr.splitlines()[-1] == "IN-PROCESS" and served.stderr.splitlines()[-1] == "SERVED"
+    assert served.stdout == local.stdout == again.stdout and f"path: {work}/bin/hook" in served.stdout
+    assert (work / "inv.json").is_file()  # the client's relative cache path, written by the service
+    to_file = generate_cdi([*args, "-o", "out/spec.yaml"], work, gpu_service.sock)
+    assert to_file.returncode == 0 and to_file.stdout == "" and to_file.stderr == "SERVED\n", to_file.stderr
+    assert (work / "out/spec.yaml").read_text() == local.stdout
+    bad = {sock: generate_cdi(["--driver-root", "missing"], work, sock) for sock in (none, gpu_service.sock)}
+    assert bad[none].returncode == bad[gpu_service.sock].returncode == 1
+    assert bad[none].stderr.replace("IN-PROCESS", "SERVED") == bad[gpu_service.sock].stderr
+    assert "missing" in bad[none].stderr
+
+
+def test_what_the_service_cannot_run_as_the_client_runs_in_process(gpu_service: Running, root_tmp: Path,
+                                                                   fake_driver: Any) -> None:
+    """Declined, so click or the client answers: --help, --watch, an unknown option, an interpreter from another
+    folder (the spec names the gpuhook beside it). The client's PATH is the one a served command sees."""
+    sock = gpu_service.sock
+    for args in (["--help"], ["--watch"], ["--bogus"]):
+        result = generate_cdi(args, root_tmp, sock)
+        assert result.stderr.splitlines()[-1] == "IN-PROCESS", (args, result.stderr)
+    other = root_tmp / "other-bin"
+    other.mkdir()
+    (other / "python3").symlink_to(os.path.realpath(sys.executable))
+    args = ["--driver-root", fake_driver.root, "--proc-root", f"{fake_driver.root}/proc", "--inventory-cache", ""]
+    moved = generate_cdi(args, root_tmp, sock, exe=str(other / "python3"),
+                         env={"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
+    assert moved.stderr.splitlines()[-1] == "IN-PROCESS", moved.stderr
+
+
+def test_a_served_command_sees_the_clients_cwd_and_environment(in_process: Any) -> None:
+    """The service hands a command the client's cwd and its SERVED_ENV values (a PATH the client has, a variable it
+    lacks unset), then puts its own back; what the command writes is the answer."""
+    seen: list[tuple[list[str], str, str | None, str | None]] = []
+
+    def command(args: list[str], cwd: str) -> tuple[int, str, bytes]:
+        seen.append((args, cwd, os.environ.get("PATH"), os.environ.get("CUDA_MPS_PIPE_DIRECTORY")))
+        return 3, "said\n", b"spec"
+
+    in_process.commands["generate-cdi"] = command
+    own = os.environ.get("PATH")
+    os.environ["CUDA_MPS_PIPE_DIRECTORY"] = "/service/mps"
+    try:
+        client, server = _pair()
+        with client, server:
+            client.sendall(protocol.encode_request(["generate-cdi", "-o", "x"], b"", cwd="/client", exe=sys.executable,
+                                                   env=["PATH=/client/bin"]))
+            in_process.serve_one(server)
+            server.close()
+            answer = protocol.recv_answer(client, with_output=True)
+        assert os.environ["CUDA_MPS_PIPE_DIRECTORY"] == "/service/mps" and os.environ.get("PATH") == own
+    finally:
+        del os.environ["CUDA_MPS_PIPE_DIRECTORY"]
+    assert seen == [(["-o", "x"], "/client", "/client/bin", None)] and answer == (3, "said\n", b"spec")
+    assert Forks.count == 0  # answered by the resident process itself

@@ -2,8 +2,9 @@
 the lean entry script the runtimes run at every container start (entry.py, no click).
 
 Nothing is imported here, so the lean entry pays only for itself. `main` loads the click application on call,
-except for a plain `generate-cdi` command line, which cli/generate.py runs without click (the same work; click
-answers whatever that path does not fully understand).
+except for a `generate-cdi` command line: `gpuhook service` answers it when one runs (service/client.py, one
+round trip), else cli/generate.py runs a plain one without click (the same work; click answers whatever that
+path does not fully understand).
 """
 
 from __future__ import annotations
@@ -15,6 +16,11 @@ def main(argv: list[str] | None = None) -> int:
     """`gpuhook …` (the console script)."""
     args = sys.argv[1:] if argv is None else list(argv)
     if args[:1] == ["generate-cdi"]:
+        from gpuhook.service.client import forward
+
+        code = forward(args)  # the resident service's answer, when one runs and takes it
+        if code is not None:
+            return code
         from gpuhook.cli.generate import lean_main
 
         code = lean_main(args[1:])

@@ -10,7 +10,7 @@ import click
 
 from gpuhook.cdi.errors import CdiError
 from gpuhook.cli.app import apply_options
-from gpuhook.cli.generate import GENERATE_OPTIONS, generate, renderer
+from gpuhook.cli.generate import GENERATE_OPTIONS, generate, hook_for, renderer
 
 
 @click.command("generate-cdi")
@@ -25,7 +25,7 @@ def generate_cdi(driver_root: str, dev_root: str | None, proc_root: str | None, 
         generate(driver_root, dev_root, proc_root, discovery, output, fmt, mode, vendor, cls, strategies,
                  hook_path, cdi_version, inventory_cache)
         return
-    render = renderer(output, fmt, mode, vendor, cls, strategies, hook_path, cdi_version)
+    render = renderer(output, fmt, mode, vendor, cls, strategies, hook_for(mode, hook_path), cdi_version)
     if output is None:
         raise click.UsageError("--watch needs --output FILE")
     from gpuhook.cdi.watch import watch_spec

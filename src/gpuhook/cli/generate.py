@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 GENERATE_OPTIONS: tuple[Option, ...] = (
     *ROOT_OPTIONS,
     Option(("--output", "-o"), "output",
-           "Write the spec here (atomically, mode 0644, directory created) instead of stdout.", metavar="FILE"),
+           "Write the spec here (atomically, mode 0644, directory created) instead of stdout.", metavar="FILE",
+           path=True),
     Option(("--format",), "fmt", "Output format [default: json for a .json output file, else yaml].",
            choices=("yaml", "json")),
     Option(("--vendor",), "vendor", "Vendor part of the CDI kind.", default="nvidia.com", show_default=True),
@@ -37,7 +38,7 @@ GENERATE_OPTIONS: tuple[Option, ...] = (
     Option(("--device-name-strategy",), "strategies", "How devices are named; repeatable [default: index and uuid].",
            default=(), choices=NAME_STRATEGIES, multiple=True),
     Option(("--hook-path",), "hook_path", "gpuhook executable the spec's hooks run [default: the installed gpuhook].",
-           metavar="PATH"),
+           metavar="PATH", path=True),
     Option(("--cdi-version",), "cdi_version", "Claim this cdiVersion (may raise the computed minimum, never lower "
            "it).", metavar="X.Y.Z"),
     Option(("--watch",), "watch", "Keep running: rewrite --output (atomically) whenever the driver version, GPU set "
@@ -64,16 +65,19 @@ def default_hook_path() -> str:
     return found
 
 
-def renderer(output: str | None, fmt: str | None, mode: str, vendor: str, cls: str | None,
-             strategies: Sequence[str], hook_path: str | None,
-             cdi_version: str | None) -> Callable[[Inventory, list[str] | None], str]:
-    """What turns an inventory (and, for --watch, the devices to keep) into the spec's text."""
+def hook_for(mode: str, hook_path: str | None) -> str:
+    """The program a spec of `mode` has its hooks run: none but for GPUs; --hook-path, else default_hook_path."""
+    return "" if mode != "gpu" else os.path.abspath(hook_path) if hook_path else default_hook_path()
+
+
+def renderer(output: str | None, fmt: str | None, mode: str, vendor: str, cls: str | None, strategies: Sequence[str],
+             hook: str, cdi_version: str | None) -> Callable[[Inventory, list[str] | None], str]:
+    """What turns an inventory (and, for --watch, the devices to keep) into the spec's text; `hook`: hook_for's."""
     from gpuhook.cdi import codec
     from gpuhook.cdi.kinds import DEFAULT_CLASS, build_mode_spec
     from gpuhook.cdi.spec import build_spec
     from gpuhook.cdi.validate import validate_spec
 
-    hook = "" if mode != "gpu" else os.path.abspath(hook_path) if hook_path else default_hook_path()
     fmt = codec.format_for(output, fmt)
 
     def render(inv: Inventory, devices: list[str] | None = None) -> str:
@@ -84,7 +88,7 @@ def renderer(output: str | None, fmt: str | None, mode: str, vendor: str, cls: s
                               name_strategies=tuple(strategies) or DEFAULT_NAME_STRATEGIES, hook_path=hook,
                               devices=devices, cdi_version=cdi_version)
         problems = validate_spec(spec, "generated spec", schema=False)
-        if problems:  # a bug here, never the user's: refuse to write a spec runtimes would reject
+        if problems:  # a bug here, never the user's: refuse to write an invalid spec runtimes would reject
             raise CdiError(f"refusing to write an invalid spec: {problems[0]}")
         return codec.dumps(spec, fmt)
 
@@ -105,12 +109,31 @@ def write_spec(text: str, output: str | None) -> None:
               file=sys.stderr)
 
 
+MAX_SERVED = 16  # specs `gpuhook service` keeps rendered (serve), then it starts over
+_served: dict[tuple[object, ...], tuple[Inventory, str]] = {}
+
+
 def generate(driver_root: str, dev_root: str | None, proc_root: str | None, discovery: str, output: str | None,
              fmt: str | None, mode: str, vendor: str, cls: str | None, strategies: Sequence[str],
-             hook_path: str | None, cdi_version: str | None, inventory_cache: str | None) -> None:
-    """One spec, written once (the click command's and the lean path's work; --watch is cdi/watch.py)."""
-    render = renderer(output, fmt, mode, vendor, cls, strategies, hook_path, cdi_version)
-    write_spec(render(load_inventory(driver_root, dev_root, proc_root, discovery, inventory_cache)), output)
+             hook_path: str | None, cdi_version: str | None, inventory_cache: str | None,
+             remember: bool = False) -> None:
+    """One spec, written once (the click command's, the lean path's and the service's work; --watch is
+    cdi/watch.py). `remember` (the service): the text is kept per command line, hook program and inventory, so
+    a warm service renders a spec once while the inventory's fingerprint holds (discover/cache keeps the same
+    inventory object for it)."""
+    hook = hook_for(mode, hook_path)
+    inv = load_inventory(driver_root, dev_root, proc_root, discovery, inventory_cache)
+    key = (output, fmt, mode, vendor, cls, tuple(strategies), hook, cdi_version, id(inv))
+    hit = _served.get(key) if remember else None
+    if hit is not None and hit[0] is inv:
+        text = hit[1]
+    else:
+        text = renderer(output, fmt, mode, vendor, cls, strategies, hook, cdi_version)(inv)
+        if remember:
+            if len(_served) >= MAX_SERVED:
+                _served.clear()
+            _served[key] = (inv, text)
+    write_spec(text, output)
 
 
 def lean_main(args: Sequence[str]) -> int | None:
@@ -121,3 +144,25 @@ def lean_main(args: Sequence[str]) -> int | None:
     from gpuhook.cli.entry import run_lean
 
     return run_lean(lambda: generate(**params))  # --watch and --poll-interval are never lean: not in params
+
+
+def serve(args: list[str], cwd: str) -> tuple[int, str, bytes] | None:
+    """`generate-cdi ARGS` for `gpuhook service` (service/client.py): what lean_main does for a client in `cwd`, as
+    (exit status, stderr, stdout); None when click must answer (service/server.py declines: the client runs it).
+    The service runs it in its own process, warm: the spec modules loaded once, the inventory in discover/cache's
+    memory while its fingerprint holds."""
+    import io
+    from contextlib import redirect_stderr, redirect_stdout
+
+    from gpuhook.cli.entry import run_lean
+
+    params = parse_lean(args, GENERATE_OPTIONS)
+    if params is None:
+        return None
+    for opt in GENERATE_OPTIONS:
+        if opt.path and params.get(opt.dest):
+            params[opt.dest] = os.path.join(cwd, params[opt.dest])
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = run_lean(lambda: generate(**params, remember=True))
+    return code, err.getvalue(), out.getvalue().encode()

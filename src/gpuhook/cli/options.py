@@ -33,14 +33,16 @@ class Option(Record):
     metavar: str | None = None
     show_default: bool = False
     lean: bool = True  # the lean generate-cdi parser may take it (flags and numbers go to click)
+    path: bool = False  # a file or folder: a relative value is the client's (the service joins its cwd)
 
 
 ROOT_OPTIONS: tuple[Option, ...] = (
     Option(("--driver-root",), "driver_root",
-           "Root of the driver install [default: the hook config's driver-root, else /]."),
-    Option(("--dev-root",), "dev_root", "Root holding /dev [default: the hook config's, else the driver root]."),
+           "Root of the driver install [default: the hook config's driver-root, else /].", path=True),
+    Option(("--dev-root",), "dev_root", "Root holding /dev [default: the hook config's, else the driver root].",
+           path=True),
     Option(("--proc-root",), "proc_root", "procfs to read /driver/nvidia from [default: the hook config's, "
-                                          "else /proc]."),
+                                          "else /proc].", path=True),
     Option(("--discovery",), "discovery", "Where GPUs come from.", default="auto", choices=("auto", "nvml", "procfs"),
            show_default=True),
 )
@@ -49,7 +51,7 @@ CACHE_OPTION = Option(
     ("--inventory-cache",), "inventory_cache",
     "Reuse a discovered inventory kept here while the driver's fingerprint (version, nodes, MIG layout, roots) "
     "holds, and refresh it when not [default: the hook's cache (config.toml inventory-cache) when the roots are "
-    "the configured ones; '' for none].", metavar="FILE")
+    "the configured ones; '' for none].", metavar="FILE", path=True)
 
 def parse_lean(args: Sequence[str], table: Sequence[Option]) -> dict[str, Any] | None:
     """The value of every lean option of `table` (defaults filled in) when `args` are only plain uses of them;

@@ -12,7 +12,9 @@ import click
                    "a socket systemd passes (LISTEN_FDS) wins.")
 def service(config_path: str | None, socket_path: str | None) -> None:
     """Serve the prestart hook to the native hook entry `gpuhook hook install` writes, warm: one fork per
-    container start instead of a fresh interpreter. Root only; stops on SIGTERM."""
+    container start instead of a fresh interpreter; and `gpuhook generate-cdi` to the console script. Root only;
+    stops on SIGTERM."""
+    from gpuhook.cli import generate
     from gpuhook.service.server import main
 
-    raise SystemExit(main(config_path, socket_path))
+    raise SystemExit(main(config_path, socket_path, {"generate-cdi": generate.serve}))

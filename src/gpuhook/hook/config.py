@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 
 from gpuhook.errors import ConfigError
-from gpuhook.model.contract import STATE_DIR
+from gpuhook.model.contract import SERVICE_SOCKET, STATE_DIR
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ _FIELDS: dict[str, tuple[type, Any]] = {
     # writes it, one comma list, and kept as the tuple of names (the hook's no-GPU check and the request use it)
     "swarm_resource": (list, ()),
     "annotation_prefixes": (list, ("cdi.k8s.io/",)),  # NVIDIA's modes.cdi.annotation-prefixes
-    "service_socket": (str, "/run/gpuhook/service.sock"),  # `gpuhook service` listens here (service/server.py)
+    "service_socket": (str, SERVICE_SOCKET),  # `gpuhook service` listens here (service/server.py)
     # where a start leaves the device plugin its record of a runtime that ignored CDI devices (hook/cdiignored.py)
     "state_dir": (str, STATE_DIR),  # empty: none
 }

@@ -4,8 +4,14 @@ One request and one answer per connection on a SOCK_STREAM unix socket:
 
     request  = u32 header_len (big-endian) | header (JSON, UTF-8) | state (the OCI state bytes)
     header   = {"v": 1, "argv": [hook arguments, argv[0] excluded], "state": len(state),
-                "config_env": $GPUHOOK_CONFIG of the client or null, "pid_fd": true when an fd came with it}
-    answer   = u32 exit_code | u32 stderr_len | stderr (one line, UTF-8, the hook's stderr; may be empty)
+                "config_env": $GPUHOOK_CONFIG of the client or null, "pid_fd": true when an fd came with it,
+                "cwd": the client's working directory, "exe": its sys.executable, "env": ["NAME=value" of the
+                SERVED_ENV it has] (the three optional: a command's)}
+    answer   = u32 exit_code | u32 stderr_len | stderr (UTF-8, the hook's stderr; may be empty)
+               [| u32 stdout_len | stdout: only for a `generate-cdi` request (the spec, when it goes to stdout)]
+
+Besides the hooks, a Python client (service/client.py, the `gpuhook` console script) sends `generate-cdi ARGS`,
+with an empty state, its cwd and its interpreter.
 
 An exit code of DECLINED means the service took nothing on and did nothing: the client runs the call in-process
 (a `cdi-hook` command line only click can word, help or a malformed option, so the messages stay click's).
@@ -15,28 +21,38 @@ client opened for the container's process, so the service can check that the pid
 that very process (a runtime in another PID namespace, or a pid reused meanwhile, would name another one).
 
 The answer is binary so the C side parses nothing but two integers; the header is JSON so the Python side needs
-no parser of its own. Every size is bounded (MAX_HEADER, MAX_STATE, MAX_ANSWER) and the whole request must
-arrive within REQUEST_TIMEOUT_S: the service refuses anything else in one line, never waits on a slow client
-longer, and a client bigger than the bounds is refused before any of its state is read.
+no parser of its own; it is written here with `_json`'s string encoder, so a client imports neither `json` nor
+`socket` (their `re` and `enum` cost the console script's start more than the whole round trip).
+
+Every size is bounded (MAX_HEADER, MAX_STATE, MAX_ANSWER, MAX_OUTPUT) and the whole request must arrive within
+REQUEST_TIMEOUT_S: the service refuses anything else in one line, never waits on a slow client longer, and a
+client bigger than the bounds is refused before any of its state is read.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import socket
-import struct
 import time
+from _json import encode_basestring_ascii as _quote
+from _struct import Struct
 
 from gpuhook.errors import GpuhookError, clip
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import socket
 
 VERSION = 1
 MAX_HEADER = 64 << 10  # argv and a config path: far below this
 MAX_STATE = 1 << 20  # the OCI state: id, pid, bundle, annotations; the C entry reads at most this much
 MAX_ANSWER = 64 << 10
+MAX_OUTPUT = 64 << 20  # a generate-cdi spec on stdout (8 GPUs x 7 MIG: ~0.3 MiB)
+OUTPUT_COMMANDS = ("generate-cdi",)  # requests whose answer carries stdout
+SERVED_ENV = ("PATH", "CUDA_MPS_PIPE_DIRECTORY")  # what a served command reads of its environment (the gpuhook a
+# spec names when none is beside the interpreter: discover/executables.py; discover/scan.py): the client's are used
 DECLINED = 256  # "not taken: run it in-process" (no exit status is this large)
 REQUEST_TIMEOUT_S = 1.0  # a client has this long to send its whole request (the native entry sends at once)
-_U32 = struct.Struct(">I")
+_U32 = Struct(">I")
 
 
 class ProtocolError(GpuhookError):
@@ -46,35 +62,71 @@ class ProtocolError(GpuhookError):
 class Request:
     """One decoded request: the hook's argv, the client's GPUHOOK_CONFIG, the OCI state, the /proc/<pid> fd."""
 
-    __slots__ = ("argv", "config_env", "state", "pid_fd")
+    __slots__ = ("argv", "config_env", "state", "pid_fd", "cwd", "exe", "env")
 
-    def __init__(self, argv: list[str], config_env: str | None, state: bytes, pid_fd: int | None) -> None:
+    def __init__(self, argv: list[str], config_env: str | None, state: bytes, pid_fd: int | None,
+                 cwd: str | None = None, exe: str | None = None, env: list[str] | None = None) -> None:
         self.argv, self.config_env, self.state, self.pid_fd = argv, config_env, state, pid_fd
+        self.cwd, self.exe, self.env = cwd, exe, env
 
 
-def encode_request(argv: list[str], state: bytes, config_env: str | None = None, pid_fd: bool = False) -> bytes:
+def served_env(environ: dict[str, str] | os._Environ[str]) -> list[str]:
+    """The SERVED_ENV entries `environ` has, as NAME=value."""
+    return [f"{name}={environ[name]}" for name in SERVED_ENV if name in environ]
+
+
+def _json_value(value: str | bool | int | list[str] | None) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_quote(v) for v in value) + "]"
+    return _quote(value)
+
+
+def encode_request(argv: list[str], state: bytes, config_env: str | None = None, pid_fd: bool = False,
+                   cwd: str | None = None, exe: str | None = None, env: list[str] | None = None) -> bytes:
     """The request bytes (what entry.c writes); the fd itself goes alongside with send_fds."""
-    header = json.dumps({"v": VERSION, "argv": list(argv), "state": len(state), "config_env": config_env,
-                         "pid_fd": pid_fd}).encode()
+    fields = {"v": VERSION, "argv": list(argv), "state": len(state), "config_env": config_env, "pid_fd": pid_fd}
+    if cwd is not None:
+        fields.update(cwd=cwd, exe=exe, env=env or [])
+    header = ("{" + ", ".join(f"{_quote(k)}: {_json_value(v)}" for k, v in fields.items()) + "}").encode()
     return _U32.pack(len(header)) + header + state
 
 
-def encode_answer(code: int, line: str) -> bytes:
+def encode_answer(code: int, line: str, output: bytes | None = None) -> bytes:
+    """An answer; with `output` (a generate-cdi request's), its stdout part too."""
     data = line.encode(errors="replace")[:MAX_ANSWER]
-    return _U32.pack(code & 0xFFFFFFFF) + _U32.pack(len(data)) + data
+    answer = _U32.pack(code & 0xFFFFFFFF) + _U32.pack(len(data)) + data
+    return answer if output is None else answer + _U32.pack(len(output)) + output
 
 
-def decode_answer(data: bytes) -> tuple[int, str]:
-    """(exit code, stderr line) of a whole answer; ProtocolError when it is short or oversized."""
+def decode_answer(data: bytes, with_output: bool = False) -> tuple[int, str, bytes]:
+    """(exit code, stderr, stdout) of a whole answer (stdout empty unless `with_output`: a generate-cdi
+    request's); ProtocolError when it is short or oversized."""
     if len(data) < 8:
         raise ProtocolError(f"short answer ({len(data)} bytes)")
     code, size = _U32.unpack_from(data, 0)[0], _U32.unpack_from(data, 4)[0]
-    if size > MAX_ANSWER or len(data) != 8 + size:
+    end = 8 + size
+    if size > MAX_ANSWER or len(data) < end or (not with_output and len(data) != end):
         raise ProtocolError(f"answer of {len(data)} bytes does not match its length {size}")
-    return code, data[8:].decode(errors="replace")
+    output = b""
+    if with_output and len(data) > end:  # (a refusal or a malformed request is answered before the command is
+        if len(data) < end + 4:         # known: no output part)
+            raise ProtocolError(f"answer of {len(data)} bytes has a cut output part")
+        out_size = _U32.unpack_from(data, end)[0]
+        if out_size > MAX_OUTPUT or len(data) != end + 4 + out_size:
+            raise ProtocolError(f"answer of {len(data)} bytes does not match its output length {out_size}")
+        output = data[end + 4:]
+    return code, data[8:end].decode(errors="replace"), output
 
 
-def _parse_header(raw: bytes) -> tuple[list[str], str | None, int, bool]:
+def _parse_header(raw: bytes) -> tuple[list[str], str | None, int, bool, str | None, str | None, list[str] | None]:
+    import json
+
     try:
         header = json.loads(raw)
     except ValueError:
@@ -89,7 +141,12 @@ def _parse_header(raw: bytes) -> tuple[list[str], str | None, int, bool]:
         raise ProtocolError("request config_env is not a string")
     if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= MAX_STATE:
         raise ProtocolError(f"request state size {clip(str(size), quote=False)} is outside 0..{MAX_STATE}")
-    return argv, config_env, size, header.get("pid_fd") is True
+    cwd, exe, env = header.get("cwd"), header.get("exe"), header.get("env")
+    if not all(v is None or isinstance(v, str) for v in (cwd, exe)):
+        raise ProtocolError("request cwd or exe is not a string")
+    if env is not None and (not isinstance(env, list) or not all(isinstance(e, str) for e in env)):
+        raise ProtocolError("request env is not a list of strings")
+    return argv, config_env, size, header.get("pid_fd") is True, cwd, exe, env
 
 
 class _Reader:
@@ -107,6 +164,8 @@ class _Reader:
             if left <= 0:
                 raise self._late()
             self.conn.settimeout(left)
+            import socket
+
             try:
                 data, fds, _flags, _addr = socket.recv_fds(self.conn, min(size - len(self.buf), 1 << 16), 4)
             except socket.timeout:
@@ -129,7 +188,7 @@ def read_request(conn: socket.socket, timeout: float = REQUEST_TIMEOUT_S) -> Req
         size = _U32.unpack(reader.read(4))[0]
         if size > MAX_HEADER:
             raise ProtocolError(f"request header of {size} bytes is over {MAX_HEADER}")
-        argv, config_env, state_size, has_fd = _parse_header(reader.read(size))
+        argv, config_env, state_size, has_fd, cwd, exe, env = _parse_header(reader.read(size))
         state = reader.read(state_size)  # exact reads: anything a client sends after the state is never read
     except BaseException:
         for fd in reader.fds:
@@ -138,7 +197,7 @@ def read_request(conn: socket.socket, timeout: float = REQUEST_TIMEOUT_S) -> Req
     pid_fd = reader.fds.pop(0) if reader.fds and has_fd else None
     for fd in reader.fds:  # one fd is the format, and only when the header says so; any other is closed unused
         os.close(fd)
-    return Request(argv, config_env, state, pid_fd)
+    return Request(argv, config_env, state, pid_fd, cwd, exe, env)
 
 
 def send_request(sock: socket.socket, argv: list[str], state: bytes, config_env: str | None = None,
@@ -146,15 +205,19 @@ def send_request(sock: socket.socket, argv: list[str], state: bytes, config_env:
     """What the native entry does, for tests and Python clients: the request, the fd on its first message."""
     data = encode_request(argv, state, config_env, pid_fd is not None)
     if pid_fd is not None:
+        import socket
+
         data = data[socket.send_fds(sock, [data], [pid_fd]):]
     sock.sendall(data)
 
 
-def recv_answer(sock: socket.socket) -> tuple[int, str]:
-    """The whole answer (until the service closes), decoded."""
-    data = b""
+def recv_answer(sock: socket.socket, with_output: bool = False) -> tuple[int, str, bytes]:
+    """The whole answer (until the service closes), decoded (decode_answer)."""
+    chunks: list[bytes] = []
+    size, bound = 0, 12 + MAX_ANSWER + (MAX_OUTPUT if with_output else 0)
     while chunk := sock.recv(1 << 16):
-        data += chunk
-        if len(data) > MAX_ANSWER + 8:
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > bound:
             raise ProtocolError("answer over its bound")
-    return decode_answer(data)
+    return decode_answer(b"".join(chunks), with_output)

@@ -33,12 +33,17 @@ from gpuhook.service import protocol
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
 
     from gpuhook.hook.plan import Planned
     from gpuhook.inject.containerhooks import HookArgs
     from gpuhook.model.inventory import Inventory
     from gpuhook.model.request import Request
+
+    # A command the service answers for the console script (service/client.py): (its arguments, the client's
+    # cwd) -> (exit status, stderr, stdout), or None when it must run in-process. The click layer above hands
+    # these in (cli/service.py), so this front door never imports it.
+    Command = Callable[[list[str], str], "tuple[int, str, bytes] | None"]
 
 MAX_PLANS = 256  # remembered plans (service.plan); then the memo starts over
 MAX_CHILDREN = 64  # requests in flight; one more waits for a child to end
@@ -163,10 +168,31 @@ def check_pid_fd(state_text: bytes, pid_fd: int | None) -> None:
                              "another PID namespace?): the service does not inject through its fd yet")
 
 
+@contextlib.contextmanager
+def _client_env(entries: list[str]) -> Iterator[None]:
+    """os.environ with the client's values of protocol.SERVED_ENV (none it lacks) for one served command."""
+    given = dict(e.split("=", 1) for e in entries if "=" in e)
+    saved = {name: os.environ.get(name) for name in protocol.SERVED_ENV}
+    try:
+        for name in protocol.SERVED_ENV:
+            if name in given:
+                os.environ[name] = given[name]
+            else:
+                os.environ.pop(name, None)
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 class Service:
     """The warm state (configs by path, the inventory in discover/cache's memory) and the accept loop."""
 
-    def __init__(self, config_path: str | None = None, socket_path: str | None = None) -> None:
+    def __init__(self, config_path: str | None = None, socket_path: str | None = None,
+                 commands: dict[str, Command] | None = None) -> None:
         import importlib
 
         from gpuhook.discover import cache
@@ -180,6 +206,7 @@ class Service:
         self.socket_path = socket_path or config.service_socket
         with contextlib.suppress(Exception):  # the inventory of its own config, scanned before the first start
             cache.inventory(config.roots(), config.inventory_cache)  # (a failure is the first start's to word)
+        self.commands = dict(commands or {})
         self.children: dict[int, socket.socket] = {}  # pid -> its client's connection, kept to word a death
         self._wakeup: tuple[int, int] | None = None  # SIGCHLD's self-pipe (signal.set_wakeup_fd)
         self.listener: socket.socket | None = None
@@ -329,6 +356,11 @@ class Service:
             return
         except OSError:
             return
+        if request.argv[:1] and request.argv[0] in protocol.OUTPUT_COMMANDS:
+            if request.pid_fd is not None:
+                os.close(request.pid_fd)
+            self._serve_command(conn, request, peer_pid)
+            return
         vet = functools.partial(check_pid_fd, pid_fd=request.pid_fd)  # before_inject, wherever the start runs
         if request.argv[:1] == ["cdi-hook"]:  # a CDI spec's createContainer hook: always a child (it mutates)
             from gpuhook.inject.containerhooks import parse_hook_args
@@ -374,6 +406,30 @@ class Service:
         finally:
             if request.pid_fd is not None and not child:
                 os.close(request.pid_fd)
+
+    def _serve_command(self, conn: socket.socket, request: protocol.Request, peer_pid: int) -> None:
+        """A console-script command (self.commands), run here as the client would run it in-process (its cwd, its
+        SERVED_ENV values), or declined: a client in another mount namespace (its files are not ours) or with an
+        interpreter from another folder (a spec names the gpuhook beside it), a command not served."""
+        command = self.commands.get(request.argv[0])
+        client_ns = peer_mount_namespace(peer_pid)
+        if client_ns is not None:
+            os.close(client_ns)
+        same_bin = request.exe is not None and os.path.dirname(os.path.abspath(request.exe)) == os.path.dirname(
+            os.path.abspath(sys.executable))
+        result = None
+        if command is not None and client_ns is None and request.cwd and same_bin:
+            try:
+                with _client_env(request.env or []):
+                    result = command(request.argv[1:], request.cwd)
+            except Exception as exc:  # noqa: BLE001 - a bug in a command must not end the service
+                result = 1, f"gpuhook: service: {render(exc)}\n", b""
+        code, err, out = result if result is not None else (protocol.DECLINED, "", b"")
+        try:
+            conn.settimeout(protocol.REQUEST_TIMEOUT_S * 10)
+            conn.sendall(protocol.encode_answer(code, err, out))
+        except OSError:
+            pass
 
     def _serve_in_child(self, conn: socket.socket, request: protocol.Request, client_ns: int | None, start: float,
                         vet: Callable[[bytes], None], cdi: HookArgs | None = None) -> None:
@@ -447,10 +503,10 @@ class Service:
             pass
 
 
-def main(config_path: str | None, socket_path: str | None) -> int:
+def main(config_path: str | None, socket_path: str | None, commands: dict[str, Command] | None = None) -> int:
     """`gpuhook service`: exit 0 on SIGTERM, 1 with one line when it cannot start."""
     try:
-        service = Service(config_path, socket_path)
+        service = Service(config_path, socket_path, commands)
         service.open()
     except (GpuhookError, OSError) as exc:
         print(f"gpuhook service: {render(exc)}", file=sys.stderr)

@@ -1,0 +1,62 @@
+"""The console script's client of `gpuhook service`: `gpuhook generate-cdi …` answered from the service's warm
+modules and inventory in one round trip (issue 21), or None so the caller runs it in-process.
+
+Lean on purpose: it runs before anything else of the console script, so it loads `_socket` and protocol.py
+(`_json`, `_struct`), never `socket`, `json`, `re` or `enum` (about 20 ms of imports, more than the round trip).
+What the service does is what the in-process command does (service/server.py hands it to the command's own
+function); the service declines (protocol.DECLINED) whatever it cannot run exactly so: a client in another mount
+namespace or with another interpreter, a command line only click can word, a --watch.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from gpuhook.model.contract import SERVICE_SOCKET, SERVICE_SOCKET_ENV
+from gpuhook.service import protocol
+
+CONNECT_TIMEOUT_S = 1.0  # a full backlog: give up and run in-process
+ANSWER_TIMEOUT_S = 60.0  # a served command may discover (NVML, ELF reads) when the inventory changed
+
+
+def forward(argv: list[str]) -> int | None:
+    """`gpuhook ARGV` through the service: its stdout and stderr written here and its exit status returned;
+    None when no service takes the connection (none runs, the socket is not ours to open) or it declined. A
+    service that took the request and then failed is one `gpuhook: service …` line and exit 1: never run again
+    here (it may have written the output file)."""
+    import _socket
+
+    path = os.environ.get(SERVICE_SOCKET_ENV) or SERVICE_SOCKET
+    try:
+        cwd = os.getcwd()
+    except OSError:
+        return None
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        sock.settimeout(CONNECT_TIMEOUT_S)
+        try:
+            sock.connect(path)
+        except OSError:
+            return None
+        sock.settimeout(ANSWER_TIMEOUT_S)
+        try:
+            sock.sendall(protocol.encode_request(argv, b"", cwd=cwd, exe=sys.executable,
+                                                 env=protocol.served_env(os.environ)))
+            code, err, out = protocol.recv_answer(sock, with_output=True)
+        except (OSError, protocol.ProtocolError) as exc:
+            from gpuhook.errors import render
+
+            print(f"gpuhook: service {path}: {render(exc)}", file=sys.stderr)
+            return 1
+    finally:
+        sock.close()
+    if code == protocol.DECLINED:
+        return None
+    if out:
+        sys.stdout.buffer.write(out)
+        sys.stdout.flush()
+    if err:
+        sys.stderr.write(err)
+        sys.stderr.flush()
+    return code
