@@ -124,6 +124,7 @@ class _Registration(pb_grpc.RegistrationServicer):
 
     def Register(self, request: pb.RegisterRequest, context: grpc.ServicerContext) -> pb.Empty:
         k = self.kubelet
+        generation = k.generation  # taken now: a call the previous kubelet accepted may end after a restart
         if request.version != "v1beta1":
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unsupported version {request.version!r}")
         options = None
@@ -134,8 +135,8 @@ class _Registration(pb_grpc.RegistrationServicer):
             except grpc.RpcError as exc:
                 client.close()
                 context.abort(grpc.StatusCode.UNAVAILABLE, f"cannot dial plugin {request.endpoint}: {exc.code()}")
-            k._attach(request.resource_name, client)
-        k._record(Registration(request, options, k.generation))
+            k._attach(request.resource_name, client, generation)
+        k._record(Registration(request, options, generation))
         return pb.Empty()
 
 
@@ -196,8 +197,12 @@ class TestKubelet:
         self.start()
         return serving_from
 
-    def _attach(self, resource: str, client: PluginClient) -> None:
-        """Replace the resource's client and stream (a new registration supersedes the old one)."""
+    def _attach(self, resource: str, client: PluginClient, generation: int) -> None:
+        """Replace the resource's client and stream (a new registration supersedes the old one); a registration
+        the previous kubelet took, ending after the restart, attaches nothing."""
+        if generation != self.generation:
+            client.close()
+            return
         old_stream, old_client = self.streams.get(resource), self.clients.get(resource)
         self.clients[resource] = client
         if self.watch:
