@@ -1,10 +1,12 @@
 """`gpuhook generate-cdi` wall time and peak memory on simulated drivers: 1 GPU, 4 GPUs with one in MIG mode,
-8 GPUs, 8 GPUs x 7 MIG; each cold (discovery every run) and with the inventory cache the first round wrote.
+8 GPUs, 8 GPUs x 7 MIG; each cold (discovery every run), with the inventory cache the first round wrote, and
+answered by a running `gpuhook service` (issue 21: the console script asks it first; same cache); plus
+`python -c pass` of the console script's interpreter, the floor of any Python command here.
 
 Runs the installed `gpuhook` command (what a boot-time unit runs), writing the spec to a file, every case
 interleaved round by round. Peak memory is the child's own ru_maxrss (os.wait4), not this process's.
-Targets (issue 14): <= 40 ms for 4 GPUs with one in MIG mode (cached), and at most 1.5x growth from there to
-8 GPUs x 7 MIG devices.
+Targets: issue 14, <= 40 ms for 4 GPUs with one in MIG mode (cached), and at most 1.5x growth from there to
+8 GPUs x 7 MIG devices; issue 21, <= 60 ms without the service (cold) and <= 20 ms with it.
 """
 
 from __future__ import annotations
@@ -30,11 +32,14 @@ from _common import (
     workdir,
     write_json,
 )
+from _containers import start_service
 
 TARGET_4MIG = 40.0  # issue 14: 4 GPUs, one in MIG mode
+TARGET_COLD, TARGET_SERVICE = 60.0, 20.0  # issue 21: without the service (no cache), through it
 MAX_GROWTH = 1.5  # from that to 8 GPUs x 7 MIG
 WARMUP = 1
-CACHED = "+cache"
+CACHED, SERVED = "+cache", "+service"
+VARIANTS = ("", CACHED, SERVED)
 DRIVERS: dict[str, tuple[str, int, dict[int, list[str]] | None]] = {
     "1gpu": ("1 GPU", 1, None),
     "4gpu1mig": ("4 GPUs, GPU 0 in MIG mode (7 x 1g.10gb)", 4, {0: ["1g.10gb"] * 7}),
@@ -43,11 +48,12 @@ DRIVERS: dict[str, tuple[str, int, dict[int, list[str]] | None]] = {
 }
 
 
-def run_once(argv: list[str], err_path: Path) -> tuple[float, int]:
+def run_once(argv: list[str], err_path: Path, env: dict[str, str]) -> tuple[float, int]:
     """(wall ms, peak RSS KiB) of one child; BenchError when it fails."""
     with open(err_path, "wb") as err:
         start = time.perf_counter()
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                                env={**os.environ, **env})
         _, status, usage = os.wait4(proc.pid, 0)
         ms = (time.perf_counter() - start) * 1000
     proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: keep Popen from waiting again
@@ -62,35 +68,52 @@ def bench(args: argparse.Namespace) -> None:
     rss: dict[str, list[float]] = {}
     counts: dict[str, int] = {}
     with workdir("gen", args.keep) as work:
+        sock = work / "run" / "service.sock"
+        nowhere = {"GPUHOOK_SERVICE_SOCKET": str(work / "none" / "service.sock")}
         cases: dict[str, Callable[[int], float]] = {}
         for driver, (_label, gpus, mig) in DRIVERS.items():
             fake = fake_driver(work / driver, gpus, mig)
-            for cached in (False, True):
-                name = f"{driver}{CACHED if cached else ''}"
+            for variant in VARIANTS:
+                name = f"{driver}{variant}"
                 rss[name] = []
                 out = work / f"{name}.yaml"
-                # cold: discovery every time; cached: the inventory cache the first (warm-up) round wrote
-                cache = str(work / f"{driver}.inventory.json") if cached else ""
+                # cold: discovery every time; cached and served: the inventory cache the first (warm-up) round wrote
+                cache = str(work / f"{driver}.inventory.json") if variant else ""
                 argv = [*gpuhook_command(), "generate-cdi", "--driver-root", str(fake.root), "--proc-root",
                         str(fake.root / "proc"), "--hook-path", "/usr/local/bin/gpuhook-hook", "--output", str(out),
                         "--inventory-cache", cache]
+                env = {"GPUHOOK_SERVICE_SOCKET": str(sock)} if variant == SERVED else nowhere
 
-                def start(round_: int, argv: list[str] = argv, name: str = name) -> float:
-                    ms, peak = run_once(argv, work / f"{name}.err")
+                def start(round_: int, argv: list[str] = argv, name: str = name, env: dict[str, str] = env) -> float:
+                    ms, peak = run_once(argv, work / f"{name}.err", env)
                     if round_ >= WARMUP:
                         rss[name].append(peak / 1024)
                     return ms
 
                 cases[name] = start
-        samples = interleaved(cases, args.runs, warmup=WARMUP, seed=args.seed)
+        python = [str(Path(gpuhook_command()[0]).with_name("python3")), "-c", "pass"]
+        cases["python"] = lambda _round: run_once(python, work / "python.err", nowhere)[0]
+        service = start_service(sock, None, work / "service.err")
+        try:
+            samples = interleaved(cases, args.runs, warmup=WARMUP, seed=args.seed)
+        finally:
+            service.stop()
         for name in DRIVERS:
             counts[name] = (work / f"{name}.yaml").read_text().count("\n- name: ")
+            for variant in (CACHED, SERVED):
+                if (work / f"{name}{variant}.yaml").read_bytes() != (work / f"{name}.yaml").read_bytes():
+                    raise BenchError(f"{name}{variant}: another spec than the cold run's")
 
-    rows = [row(f"{label}: {counts[driver]} spec devices{', inventory cache' if name.endswith(CACHED) else ''}",
-                samples[name], TARGET_4MIG if name == f"4gpu1mig{CACHED}" else None,
-                peak_rss_mib=round(statistics.median(rss[name]), 1))
-            for driver, (label, _g, _m) in DRIVERS.items() for name in (driver, f"{driver}{CACHED}")]
-    by_name = {name: r for name, r in zip([n for d in DRIVERS for n in (d, f"{d}{CACHED}")], rows, strict=True)}
+    targets = {"4gpu1mig" + CACHED: TARGET_4MIG}
+    for driver in DRIVERS:
+        targets.update({driver: TARGET_COLD, driver + SERVED: TARGET_SERVICE})
+    notes = {"": "", CACHED: ", inventory cache", SERVED: ", through gpuhook service"}
+    names = [f"{d}{v}" for d in DRIVERS for v in VARIANTS]
+    rows = [row(f"{label}: {counts[driver]} spec devices{notes[variant]}", samples[f"{driver}{variant}"],
+                targets.get(f"{driver}{variant}"), peak_rss_mib=round(statistics.median(rss[f"{driver}{variant}"]), 1))
+            for driver, (label, _g, _m) in DRIVERS.items() for variant in VARIANTS]
+    rows.append(row("python3 -c pass (the interpreter alone)", samples["python"]))
+    by_name = dict(zip(names, rows, strict=False))
     growth = by_name[f"8x7mig{CACHED}"]["median"] / by_name[f"4gpu1mig{CACHED}"]["median"]
     print_table("gpuhook generate-cdi wall time", rows, ["peak_rss_mib"])
     print(f"growth 4 GPUs (1 MIG) -> 8 GPUs x 7 MIG, cached: {growth:.2f}x (target <= {MAX_GROWTH}x: "
