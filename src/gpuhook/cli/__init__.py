@@ -4,7 +4,8 @@ the lean entry script the runtimes run at every container start (entry.py, no cl
 Nothing is imported here, so the lean entry pays only for itself. `main` loads the click application on call,
 except for a `generate-cdi` command line: `gpuhook service` answers it when one runs (service/client.py, one
 round trip), else cli/generate.py runs a plain one without click (the same work; click answers whatever that
-path does not fully understand).
+path does not fully understand); and `service`, started without click so the resident process stays small
+(cli/serve.py).
 """
 
 from __future__ import annotations
@@ -24,6 +25,12 @@ def main(argv: list[str] | None = None) -> int:
         from gpuhook.cli.generate import lean_main
 
         code = lean_main(args[1:])
+        if code is not None:
+            return code
+    if args[:1] == ["service"]:
+        from gpuhook.cli.serve import lean_main as serve_main
+
+        code = serve_main(args[1:])
         if code is not None:
             return code
     from gpuhook.cli.app import main as app_main
