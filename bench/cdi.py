@@ -65,7 +65,7 @@ def generate(fake_root: Path, hook: str, out: Path) -> str:
 def bench(args: argparse.Namespace) -> None:
     need_root_and("podman", "runc", "unshare")
     load_before = list(os.getloadavg())
-    with workdir("cdi", args.keep) as work:
+    with workdir("cdi", args.keep, args.work_dir) as work:
         fake = fake_driver(work / "driver", args.gpus)
         lean = install_lean_entry(work / "gpuhook-hook")
         native = str(install_native_entry(work / "bin" / "gpuhook-hook")[0])

@@ -67,7 +67,7 @@ def bench(args: argparse.Namespace) -> None:
     load_before = list(os.getloadavg())
     rss: dict[str, list[float]] = {}
     counts: dict[str, int] = {}
-    with workdir("gen", args.keep) as work:
+    with workdir("gen", args.keep, args.work_dir) as work:
         sock = work / "run" / "service.sock"
         nowhere = {"GPUHOOK_SERVICE_SOCKET": str(work / "none" / "service.sock")}
         cases: dict[str, Callable[[int], float]] = {}

@@ -55,7 +55,7 @@ TOOK = re.compile(r"^\S+ (\S+) (.*) took=([\d.]+)ms$")
 def bench(args: argparse.Namespace) -> None:
     need_root_and("runc")
     load_before = list(os.getloadavg())
-    with workdir("hook", args.keep) as work:
+    with workdir("hook", args.keep, args.work_dir) as work:
         fake = fake_driver(work / "driver", GPUS)
         config = write_hook_config(work, fake.root)
         lean = install_lean_entry(work / "gpuhook-hook")

@@ -61,7 +61,7 @@ def parse_importtime(text: str) -> dict[str, tuple[int, int, int]]:
 def bench(args: argparse.Namespace) -> None:
     need_root_and("runc")
     load_before = list(os.getloadavg())
-    with workdir("imp", args.keep) as work:
+    with workdir("imp", args.keep, args.work_dir) as work:
         fake = fake_driver(work / "driver", GPUS)
         entry = install_lean_entry(work / "gpuhook-hook")
         config = write_hook_config(work, fake.root)

@@ -219,7 +219,7 @@ def bench(args: argparse.Namespace) -> None:
 
     load_before = list(os.getloadavg())
     calls = QUICK_CALLS if args.quick else CALLS
-    with workdir("dp", args.keep) as work:
+    with workdir("dp", args.keep, args.work_dir) as work:
         fake = fake_driver(work / "driver", GPUS)
         kdir = work / "kubelet"
         kdir.mkdir()

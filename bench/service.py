@@ -47,7 +47,7 @@ KINDS = ("service", "fallback", "python")
 def bench(args: argparse.Namespace) -> None:
     need_root_and("runc")
     load_before = list(os.getloadavg())
-    with workdir("svc", args.keep) as work:
+    with workdir("svc", args.keep, args.work_dir) as work:
         fake = fake_driver(work / "driver", GPUS)
         config = write_hook_config(work, fake.root)
         native, script = install_native_entry(work / "bin" / "gpuhook-hook")
