@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from support.e2e import need_root, need_tool
 from support.glibc import glibc_rootfs
@@ -163,24 +164,49 @@ def gpu_service(root_tmp: Path, fake_driver: Any) -> Iterator[Running]:
     running.stop()
 
 
-def test_the_pid_fd_must_name_the_states_process(gpu_service: Running, root_tmp: Path) -> None:
-    """The client's /proc/<pid> fd and the state's pid must be one process (same mount namespace) here, checked
-    after planning, right before the container would be touched."""
+def test_a_dead_process_descriptor_fails_the_start_in_one_line(gpu_service: Running, root_tmp: Path) -> None:
+    """The client's /proc/<pid> descriptor is what the start goes through (checked after planning, right before the
+    container would be touched): one of a process gone since names nothing, and the start fails in one line."""
     config = ["--config", str(root_tmp / "config.toml")]
     body = state(plain_bundle(root_tmp, ["NVIDIA_VISIBLE_DEVICES=all"]), cid="pidfd", pid=os.getpid())
-    other = subprocess.Popen(["unshare", "-m", "sleep", "30"])  # another mount namespace: "another process"
+    gone = subprocess.Popen(["sleep", "30"])
+    fd = os.open(f"/proc/{gone.pid}", os.O_RDONLY | os.O_DIRECTORY)
     try:
-        time.sleep(0.2)
-        fd = os.open(f"/proc/{other.pid}", os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            code, line = ask(gpu_service.sock, config, body, pid_fd=fd)
-        finally:
-            os.close(fd)
+        gone.kill()
+        gone.wait()
+        code, line = ask(gpu_service.sock, config, body, pid_fd=fd)
     finally:
-        other.kill()
-        other.wait()
-    assert code == 1 and line.startswith(f"gpuhook-hook: container process {os.getpid()} of the state is another")
-    assert " pidfd error: container process" in (root_tmp / "gpuhook.log").read_text()
+        os.close(fd)
+    assert code == 1 and line.startswith(f"gpuhook-hook: cannot reach container process {os.getpid()} through"), line
+    assert " pidfd error: cannot reach container process" in (root_tmp / "gpuhook.log").read_text()
+
+
+@pytest.mark.e2e
+def test_a_service_in_its_own_pid_namespace_injects_through_the_descriptor(native: Path, root_tmp: Path,
+                                                                          fake_driver: Any) -> None:
+    """Issue 21, item 2: a service in a PID namespace of its own (a pod without hostPID; `unshare --pid
+    --mount-proc`), where the state's pid names another process or none: the start goes through the /proc/<pid>
+    descriptor the native entry passed, and the container gets what the in-process hook gives it."""
+    need_tool("runc")
+    need_tool("unshare")
+    need_busybox()
+    config = write_config(root_tmp, Path(fake_driver.root))
+    env = ["NVIDIA_VISIBLE_DEVICES=1"]
+    sock = root_tmp / "run" / "service.sock"
+    fallback = _runc_start(root_tmp, native, config, sock, env, "fallback")
+    assert fallback.returncode == 0, fallback.stderr
+    running = start(sock, config, root_tmp / "service.err", ["unshare", "--pid", "--fork", "--mount-proc", GPUHOOK])
+    try:
+        marker = root_tmp / "fallback-ran"
+        no_fallback(native, marker)  # from here on the service must answer
+        served = _runc_start(root_tmp, native, config, sock, env, "served")
+        assert not marker.exists()
+    finally:  # the service is its namespace's init, unshare's child: SIGTERM goes to it, and unshare follows
+        for child in psutil.Process(running.proc.pid).children():
+            child.terminate()
+        running.proc.wait(timeout=20)
+    assert served.returncode == 0, served.stderr
+    assert served.stdout == fallback.stdout and "nvidia1" in nodes(served.stdout)
 
 
 def test_socket_is_root_only_and_removed_at_stop(service: Running) -> None:

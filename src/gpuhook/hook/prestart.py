@@ -71,7 +71,7 @@ def _parse_args(argv: list[str]) -> tuple[str | None, str]:
     return config, stage
 
 
-def run(state_text: bytes, config: Config, before_inject: Callable[[bytes], None] | None = None,
+def run(state_text: bytes, config: Config, before_inject: Callable[[bytes], int | None] | None = None,
         plan: Callable[[Config, Request], Planned] | None = None) -> str:
     """Handle one container; returns the log summary. Raises GpuhookError for a start that must fail.
 
@@ -79,7 +79,9 @@ def run(state_text: bytes, config: Config, before_inject: Callable[[bytes], None
     it in its resident process; `before_inject(state_text)` is called right before a container is touched (never
     for one that asks for no GPU, nor for one refused while planning). Whoever passes it promises that the process
     it returns in is a disposable child (the service forks one there), which then joins the container's mount
-    namespace itself instead of forking once more for it. `plan` is plan_request, or the service's memo of it."""
+    namespace itself instead of forking once more for it. What it returns, when not None, is a descriptor of the
+    container process's /proc/<pid> directory to reach it through instead of the state's pid (the service's
+    client opened it where that pid means that process). `plan` is plan_request, or the service's memo of it."""
     state = parse_state(state_text)
     bundle = load_bundle(state.bundle)
     annotations = {**bundle.annotations, **state.annotations}
@@ -105,21 +107,24 @@ def run(state_text: bytes, config: Config, before_inject: Callable[[bytes], None
         from gpuhook.hook.cdiignored import note
 
         recorded = note(config.state_dir, state.id, request.cdi_ignored)
-    if before_inject is not None:
-        before_inject(state_text)
-    return f"{state.id} " + _inject(config, state.pid, bundle.rootfs, planned, before_inject is not None) + notes \
-        + recorded
+    via_fd = before_inject(state_text) if before_inject is not None else None
+    return f"{state.id} " + _inject(config, state.pid, bundle.rootfs, planned, before_inject is not None, via_fd) \
+        + notes + recorded
 
 
-def _inject(config: Config, pid: int, rootfs: str, planned: Planned, disposable: bool) -> str:
+def _inject(config: Config, pid: int, rootfs: str, planned: Planned, disposable: bool, via_fd: int | None) -> str:
     """The container's device cgroup widened, from the host's mount namespace (so first: a `disposable` process
-    leaves it for the container's, apply.inject fork=False), then its files, nodes and ld cache applied."""
+    leaves it for the container's, apply.inject fork=False), then its files, nodes and ld cache applied. The
+    process is /proc/<pid>, or with `via_fd` the /proc/<pid> directory that descriptor holds (/proc/self/fd/N)."""
     from gpuhook.inject.apply import inject
     from gpuhook.inject.devcgroup import DeviceRule, allow_devices
 
     edits = planned.edits
-    cgroup = allow_devices(pid, [DeviceRule(n.type, n.major, n.minor, "rwm") for n in edits.device_nodes])
-    inject(pid, rootfs, edits, config.ldconfig, proc_root=config.proc_root, fork=not disposable)
+    procs, pid = ("/proc/self/fd", via_fd) if via_fd is not None else ("/proc", pid)
+    rules = [DeviceRule(n.type, n.major, n.minor, "rwm") for n in edits.device_nodes]
+    cgroup = allow_devices(pid, rules, proc_root=procs)
+    inject(pid, rootfs, edits, config.ldconfig, proc_root=config.proc_root, host_proc_root=procs,
+           fork=not disposable)
     return f"inject {planned.summary()} cgroup={cgroup}"
 
 
@@ -132,7 +137,7 @@ def config_path_for(argv: list[str], config_env: str | None) -> str | None:
 
 def handle(config_path: str | None, read_state: Callable[[], bytes], start: float,
            load: Callable[[str | None], Config] | None = None,
-           before_inject: Callable[[bytes], None] | None = None,
+           before_inject: Callable[[bytes], int | None] | None = None,
            plan: Callable[[Config, Request], Planned] | None = None) -> tuple[int, str]:
     """One container start, as `main` and `gpuhook service` run it: (exit status, the one stderr line or "").
 

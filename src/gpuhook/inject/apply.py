@@ -92,7 +92,7 @@ def user_namespace_root(pid: int, host_proc_root: str = "/proc") -> tuple[int, i
     linux.namespaces "user" with uid/gid mappings), else None: then device nodes are bind mounts, not mknod."""
     try:
         theirs = os.stat(f"{host_proc_root}/{pid}/ns/user")
-        ours = os.stat(f"{host_proc_root}/self/ns/user")
+        ours = os.stat("/proc/self/ns/user")  # (host_proc_root may be /proc/self/fd: the pid is a descriptor)
     except OSError:
         return None
     if (theirs.st_dev, theirs.st_ino) == (ours.st_dev, ours.st_ino):

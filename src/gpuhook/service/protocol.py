@@ -17,8 +17,9 @@ An exit code of DECLINED means the service took nothing on and did nothing: the 
 (a `cdi-hook` command line only click can word, help or a malformed option, so the messages stay click's).
 
 The first message of a request may carry one SCM_RIGHTS descriptor: an O_DIRECTORY fd of /proc/<pid> the
-client opened for the container's process, so the service can check that the pid it reads from the state names
-that very process (a runtime in another PID namespace, or a pid reused meanwhile, would name another one).
+client opened for the container's process. The service reaches that process through it (server.check_pid_fd),
+not through the state's pid, which means that process only in the runtime's PID namespace (and a pid reused
+meanwhile would name another one).
 
 The answer is binary so the C side parses nothing but two integers; the header is JSON so the Python side needs
 no parser of its own; it is written here with `_json`'s string encoder, so a client imports neither `json` nor

@@ -151,21 +151,24 @@ def peer_mount_namespace(pid: int) -> int | None:
     return fd
 
 
-def check_pid_fd(state_text: bytes, pid_fd: int | None) -> None:
-    """The /proc/<pid> the client opened is the process `pid` names here: the same mount namespace. Anything
-    else (a runtime in another PID namespace, a pid reused since) fails the start rather than touch another
-    process. Injecting through the fd itself is issue 21's next step."""
+def check_pid_fd(state_text: bytes, pid_fd: int | None) -> int | None:
+    """The descriptor to reach the container's process through: the /proc/<pid> directory the client opened for
+    the state's pid, where that pid means that process (the runtime's PID namespace), still that process (a
+    descriptor of a /proc/<pid> directory never names another one: a process that died leaves it empty). The
+    state's pid here may be another process or none (this service in a PID namespace of its own: a pod), so the
+    start goes through the descriptor, /proc/self/fd/N. None (the state's pid, as the in-process hook uses it):
+    the client sent none (no pid in its state: prestart.run words what is wrong), or this /proc cannot show it."""
     if pid_fd is None:
-        return  # a client that sent no fd (no pid in its state): prestart.run words what is wrong
+        return None
+    if not os.path.exists("/proc/self"):  # a client's /proc, joined (_serve_in_child), of a PID namespace this
+        return None  # process is not in: there the state's pid is the client's own word for the process
     pid = parse_state(state_text).pid  # > 0: prestart.run refuses a state without one before it gets here
     try:
-        theirs = os.stat(f"/proc/self/fd/{pid_fd}/ns/mnt")
-        ours = os.stat(f"/proc/{pid}/ns/mnt")
+        os.stat(f"/proc/self/fd/{pid_fd}/ns/mnt")
     except OSError as exc:
-        raise InjectionError(f"cannot check container process {pid}: {exc.strerror}") from None
-    if (theirs.st_dev, theirs.st_ino) != (ours.st_dev, ours.st_ino):
-        raise InjectionError(f"container process {pid} of the state is another process here (a runtime in "
-                             "another PID namespace?): the service does not inject through its fd yet")
+        raise InjectionError(f"cannot reach container process {pid} through the runtime's /proc/{pid}: "
+                             f"{exc.strerror}") from None
+    return pid_fd
 
 
 @contextlib.contextmanager
@@ -379,12 +382,13 @@ class Service:
             return
         child = False
 
-        def fork_for_injection(state_text: bytes) -> None:
+        def fork_for_injection(state_text: bytes) -> int | None:
             nonlocal child
-            vet(state_text)
+            via_fd = vet(state_text)
             if self._fork(conn):
                 raise _Forked
             child = True  # a disposable process from here on: it joins the container's mount namespace itself
+            return via_fd
 
         try:
             try:
@@ -432,7 +436,7 @@ class Service:
             pass
 
     def _serve_in_child(self, conn: socket.socket, request: protocol.Request, client_ns: int | None, start: float,
-                        vet: Callable[[bytes], None], cdi: HookArgs | None = None) -> None:
+                        vet: Callable[[bytes], int | None], cdi: HookArgs | None = None) -> None:
         """The whole call in a child, as the in-process entry would run it where the client is: a client in
         another mount namespace (a runtime with its own /sys/fs/cgroup or /proc; a CDI createContainer hook,
         which runs in the container's) is joined first, so its config file, its cgroup mounts, its /proc and so
