@@ -23,7 +23,7 @@ ALLOWED: dict[str, set[str]] = {
     "cdi": {"model", "discover", "errors", "fileio"},
     "hook": {"inject", "model", "discover", "oci", "_native", "errors", "fileio"},
     "service": {"hook", "inject", "model", "discover", "oci", "_native", "errors", "fileio"},
-    "shim": {"hook", "cdi", "inject", "model", "discover", "oci", "errors", "fileio"},
+    "shim": {"service", "hook", "cdi", "inject", "model", "discover", "oci", "errors", "fileio"},
     "plugin": {"cdi", "system", "model", "discover", "errors", "fileio"},
     "runtimeconfig": {"model", "errors", "fileio"},  # model: its Record base and contract's HOOK_PATH
     "system": {"model", "discover", "errors", "fileio"},

@@ -480,3 +480,51 @@ def test_runc_create_start_through_the_shim_cgroup_v2(e2e: Path, fake_driver: An
         finally:
             runc_delete(cid, prefix=prefix)
     check_probe((e2e / "out.log").read_text())
+
+
+# --- the shim's planning through gpuhook service (issue 21) -----------------------------------------------------
+
+# The shim's main with its exec replaced by a line saying whether the planning modules were loaded here (the
+# create was prepared in-process) or not (the service prepared it).
+SHIM_CLIENT = ("import os, sys; import gpuhook.shim.runtime as r; "
+               "os.execv = lambda path, argv: (print('IN-PROCESS' if 'gpuhook.hook.plan' in sys.modules else "
+               "'SERVED', flush=True), os._exit(0)); sys.exit(r.main(sys.argv[1:]))")
+
+
+def test_the_service_prepares_a_create_as_the_shim_does(tmp_path: Path, fake_driver: Any) -> None:
+    """Issue 21, item 1: with `gpuhook service` running, the shim asks it to plan a create. config.json and the
+    log line are what the in-process shim writes; an error is the shim's own line, and the create does not go
+    ahead; with nothing listening the shim plans itself."""
+    need_root()
+    from support.service import start
+
+    config = hook_config(tmp_path, fake_driver.root)
+    sock = tmp_path / "run" / "service.sock"
+    running = start(sock, config, tmp_path / "service.err")
+    results, texts = {}, {}
+    try:
+        for name, socket_path in (("local", tmp_path / "none.sock"), ("served", sock)):
+            (tmp_path / name).mkdir()
+            bundle = bundle_with(tmp_path / name, ["NVIDIA_VISIBLE_DEVICES=1"])
+            env = dict(os.environ, GPUHOOK_CONFIG=str(config), GPUHOOK_RUNTIME="/bin/true",
+                       GPUHOOK_SERVICE_SOCKET=str(socket_path))
+            results[name] = subprocess.run([sys.executable, "-c", SHIM_CLIENT, "create", "--bundle", str(bundle),
+                                            f"c-{name}"], env=env, capture_output=True, text=True, timeout=60)
+            texts[name] = (bundle / "config.json").read_text()
+        (tmp_path / "refused").mkdir()
+        refused = bundle_with(tmp_path / "refused", ["NVIDIA_VISIBLE_DEVICES=7"])
+        before = digest(refused / "config.json")
+        env = dict(os.environ, GPUHOOK_CONFIG=str(config), GPUHOOK_RUNTIME="/bin/true",
+                   GPUHOOK_SERVICE_SOCKET=str(sock))
+        bad = subprocess.run([sys.executable, "-c", SHIM_CLIENT, "create", "--bundle", str(refused), "c-bad"], env=env,
+                             capture_output=True, text=True, timeout=60)
+    finally:
+        running.stop()
+    assert results["local"].stdout == "IN-PROCESS\n" and results["served"].stdout == "SERVED\n", results
+    assert texts["served"] == texts["local"] and '"/dev/nvidia1"' in texts["served"]
+    log = (tmp_path / "gpuhook.log").read_text().splitlines()
+    lines = {cid: line.split(" ", 1)[1] for line in log for cid in ("c-local", "c-served") if f" {cid} " in line}
+    assert lines["c-served"].replace("c-served", "c-local") == lines["c-local"]
+    assert " runtime inject devices=" in lines["c-served"]
+    assert bad.returncode == 1 and bad.stdout == "" and bad.stderr.startswith("gpuhook-runtime: "), bad
+    assert "7" in bad.stderr and digest(refused / "config.json") == before

@@ -1,5 +1,6 @@
-"""The console script's client of `gpuhook service`: `gpuhook generate-cdi …` answered from the service's warm
-modules and inventory in one round trip (issue 21), or None so the caller runs it in-process.
+"""The Python clients of `gpuhook service`: `gpuhook generate-cdi …` (the console script) and the shim's planning
+of a create (`gpuhook-runtime`), answered from the service's warm modules and inventory in one round trip
+(issue 21), or None so the caller runs it in-process.
 
 Lean on purpose: it runs before anything else of the console script, so it loads `_socket` and protocol.py
 (`_json`, `_struct`), never `socket`, `json`, `re` or `enum` (about 20 ms of imports, more than the round trip).
@@ -13,6 +14,7 @@ from __future__ import annotations
 import os
 import sys
 
+from gpuhook.errors import GpuhookError
 from gpuhook.model.contract import SERVICE_SOCKET, SERVICE_SOCKET_ENV
 from gpuhook.service import protocol
 
@@ -20,11 +22,14 @@ CONNECT_TIMEOUT_S = 1.0  # a full backlog: give up and run in-process
 ANSWER_TIMEOUT_S = 60.0  # a served command may discover (NVML, ELF reads) when the inventory changed
 
 
-def forward(argv: list[str]) -> int | None:
-    """`gpuhook ARGV` through the service: its stdout and stderr written here and its exit status returned;
-    None when no service takes the connection (none runs, the socket is not ours to open) or it declined. A
-    service that took the request and then failed is one `gpuhook: service …` line and exit 1: never run again
-    here (it may have written the output file)."""
+class ServiceFailed(GpuhookError):
+    """The service took a request and did not answer it: one line, never run again in-process."""
+
+
+def ask(argv: list[str]) -> tuple[int, str, bytes] | None:
+    """`gpuhook ARGV` asked of the service: (exit status, stderr, stdout); None when no service takes the connection
+    (none runs, the socket is not ours to open) or it declined. ServiceFailed when it took the request and then
+    failed: the caller must not run it again here (it may have written its files)."""
     import _socket
 
     path = os.environ.get(SERVICE_SOCKET_ENV) or SERVICE_SOCKET
@@ -47,12 +52,24 @@ def forward(argv: list[str]) -> int | None:
         except (OSError, protocol.ProtocolError) as exc:
             from gpuhook.errors import render
 
-            print(f"gpuhook: service {path}: {render(exc)}", file=sys.stderr)
-            return 1
+            raise ServiceFailed(f"service {path}: {render(exc)}") from None
     finally:
         sock.close()
-    if code == protocol.DECLINED:
+    return None if code == protocol.DECLINED else (code, err, out)
+
+
+def forward(argv: list[str]) -> int | None:
+    """`gpuhook ARGV` through the service (ask): its stdout and stderr written here and its exit status returned;
+    None when it must run in-process. A service that took the request and then failed is one `gpuhook: service …`
+    line and exit 1."""
+    try:
+        answer = ask(argv)
+    except ServiceFailed as exc:
+        print(f"gpuhook: {exc}", file=sys.stderr)
+        return 1
+    if answer is None:
         return None
+    code, err, out = answer
     if out:
         sys.stdout.buffer.write(out)
         sys.stdout.flush()

@@ -10,8 +10,8 @@ One request and one answer per connection on a SOCK_STREAM unix socket:
     answer   = u32 exit_code | u32 stderr_len | stderr (UTF-8, the hook's stderr; may be empty)
                [| u32 stdout_len | stdout: only for a `generate-cdi` request (the spec, when it goes to stdout)]
 
-Besides the hooks, a Python client (service/client.py, the `gpuhook` console script) sends `generate-cdi ARGS`,
-with an empty state, its cwd and its interpreter.
+Besides the hooks, Python clients (service/client.py) send `generate-cdi ARGS` (the `gpuhook` console script) and
+`runtime-prepare BUNDLE ID CONFIG` (the shim, gpuhook-runtime), with an empty state, their cwd and interpreter.
 
 An exit code of DECLINED means the service took nothing on and did nothing: the client runs the call in-process
 (a `cdi-hook` command line only click can word, help or a malformed option, so the messages stay click's).
@@ -48,7 +48,7 @@ MAX_HEADER = 64 << 10  # argv and a config path: far below this
 MAX_STATE = 1 << 20  # the OCI state: id, pid, bundle, annotations; the C entry reads at most this much
 MAX_ANSWER = 64 << 10
 MAX_OUTPUT = 64 << 20  # a generate-cdi spec on stdout (8 GPUs x 7 MIG: ~0.3 MiB)
-OUTPUT_COMMANDS = ("generate-cdi",)  # requests whose answer carries stdout
+OUTPUT_COMMANDS = ("generate-cdi", "runtime-prepare")  # requests whose answer carries stdout (service/client.py)
 SERVED_ENV = ("PATH", "CUDA_MPS_PIPE_DIRECTORY")  # what a served command reads of its environment (the gpuhook a
 # spec names when none is beside the interpreter: discover/executables.py; discover/scan.py): the client's are used
 DECLINED = 256  # "not taken: run it in-process" (no exit status is this large)

@@ -295,6 +295,38 @@ def prepare(inv: Invocation, config_path: str | None) -> tuple[str, str]:
     return config.log_file, f"{inv.container_id} runtime inject {planned.summary()}{notes}"
 
 
+SERVICE_COMMAND = "runtime-prepare"  # what the shim asks of `gpuhook service` (serve)
+
+
+def serve(args: list[str], cwd: str) -> tuple[int, str, bytes] | None:
+    """`runtime-prepare BUNDLE ID CONFIG` for `gpuhook service`: prepare() in the service's warm process, as
+    (0, "", b"<log file>\\n<log line>") or (1, the shim's one line, b""); None (declined) for another argv."""
+    if len(args) != 3:
+        return None
+    bundle, container_id, config_path = args
+    inv = Invocation("create", bundle=os.path.join(cwd, bundle), container_id=container_id)
+    try:
+        log_file, line = prepare(inv, config_path or None)
+    except Exception as exc:  # noqa: BLE001 - what main would print: one line, whatever failed
+        return 1, f"{PROG}: {render(exc)}", b""
+    return 0, "", f"{log_file}\n{line}".encode()
+
+
+def prepare_anywhere(inv: Invocation, config_path: str | None) -> tuple[str, str]:
+    """prepare(), by `gpuhook service` when one runs and takes it (its planning modules and inventory warm), else
+    here. A service that took it and failed fails the create: never prepared twice."""
+    from gpuhook.service.client import ask
+
+    answer = ask([SERVICE_COMMAND, inv.bundle, inv.container_id, config_path or ""])
+    if answer is None:
+        return prepare(inv, config_path)
+    code, err, out = answer
+    if code != 0:
+        raise ShimError(err.strip().removeprefix(f"{PROG}: ") or f"gpuhook service failed ({code})")
+    log_file, _, line = out.decode(errors="replace").partition("\n")
+    return log_file, line
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Prepare a create/run, then exec the real runtime with the original arguments; 1 (and no exec) on error:
     one `gpuhook-runtime: ` line (errors.render) whatever failed, never a traceback."""
@@ -309,7 +341,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         inv = parse_argv(args)
         runtime = real_runtime()
         if inv.command in CREATE_COMMANDS and not inv.help:
-            log_file, line = prepare(inv, config_path)
+            log_file, line = prepare_anywhere(inv, config_path)
             append_log(log_file, time.strftime("%Y-%m-%dT%H:%M:%S ") + line)
     except Exception as exc:  # noqa: BLE001 - GpuhookError, a stray OSError or a bug: one line
         line = f"{PROG}: {render(exc)}"
