@@ -26,10 +26,11 @@ def run(config_path: str | None, socket_path: str | None) -> int:
     """Serve until SIGTERM: the hooks, `generate-cdi` for the console script and the shim's planning
     (service/client.py)."""
     from gpuhook.cli import generate
+    from gpuhook.service.protocol import GENERATE_CDI, RUNTIME_PREPARE
     from gpuhook.service.server import main
     from gpuhook.shim import runtime
 
-    return main(config_path, socket_path, {"generate-cdi": generate.serve, runtime.SERVICE_COMMAND: runtime.serve})
+    return main(config_path, socket_path, {GENERATE_CDI: generate.serve, RUNTIME_PREPARE: runtime.serve})
 
 
 def lean_main(args: Sequence[str]) -> int | None:

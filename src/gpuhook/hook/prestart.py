@@ -71,12 +71,12 @@ def _parse_args(argv: list[str]) -> tuple[str | None, str]:
     return config, stage
 
 
-def run(state_text: bytes, config: Config, before_inject: Callable[[bytes], int | None] | None = None,
+def run(state_text: bytes, config: Config, before_inject: Callable[[int], int | None] | None = None,
         plan: Callable[[Config, Request], Planned] | None = None) -> str:
     """Handle one container; returns the log summary. Raises GpuhookError for a start that must fail.
 
     Everything up to the plan only reads (the state, config.json, the request, the inventory), so the service runs
-    it in its resident process; `before_inject(state_text)` is called right before a container is touched (never
+    it in its resident process; `before_inject(pid)` (the state's) is called right before a container is touched (never
     for one that asks for no GPU, nor for one refused while planning). Whoever passes it promises that the process
     it returns in is a disposable child (the service forks one there), which then joins the container's mount
     namespace itself instead of forking once more for it. What it returns, when not None, is a descriptor of the
@@ -107,7 +107,7 @@ def run(state_text: bytes, config: Config, before_inject: Callable[[bytes], int 
         from gpuhook.hook.cdiignored import note
 
         recorded = note(config.state_dir, state.id, request.cdi_ignored)
-    via_fd = before_inject(state_text) if before_inject is not None else None
+    via_fd = before_inject(state.pid) if before_inject is not None else None
     return f"{state.id} " + _inject(config, state.pid, bundle.rootfs, planned, before_inject is not None, via_fd) \
         + notes + recorded
 
@@ -137,7 +137,7 @@ def config_path_for(argv: list[str], config_env: str | None) -> str | None:
 
 def handle(config_path: str | None, read_state: Callable[[], bytes], start: float,
            load: Callable[[str | None], Config] | None = None,
-           before_inject: Callable[[bytes], int | None] | None = None,
+           before_inject: Callable[[int], int | None] | None = None,
            plan: Callable[[Config, Request], Planned] | None = None) -> tuple[int, str]:
     """One container start, as `main` and `gpuhook service` run it: (exit status, the one stderr line or "").
 

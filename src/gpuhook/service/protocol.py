@@ -48,7 +48,8 @@ MAX_HEADER = 64 << 10  # argv and a config path: far below this
 MAX_STATE = 1 << 20  # the OCI state: id, pid, bundle, annotations; the C entry reads at most this much
 MAX_ANSWER = 64 << 10
 MAX_OUTPUT = 64 << 20  # a generate-cdi spec on stdout (8 GPUs x 7 MIG: ~0.3 MiB)
-OUTPUT_COMMANDS = ("generate-cdi", "runtime-prepare")  # requests whose answer carries stdout (service/client.py)
+GENERATE_CDI, RUNTIME_PREPARE = "generate-cdi", "runtime-prepare"  # the Python clients' commands (client.py)
+OUTPUT_COMMANDS = (GENERATE_CDI, RUNTIME_PREPARE)  # requests whose answer carries stdout
 SERVED_ENV = ("PATH", "CUDA_MPS_PIPE_DIRECTORY")  # what a served command reads of its environment (the gpuhook a
 # spec names when none is beside the interpreter: discover/executables.py; discover/scan.py): the client's are used
 DECLINED = 256  # "not taken: run it in-process" (no exit status is this large)

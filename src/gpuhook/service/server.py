@@ -28,7 +28,6 @@ import time
 from gpuhook.errors import GpuhookError, InjectionError, render
 from gpuhook.hook import prestart
 from gpuhook.hook.config import DEFAULT_PATH, Config, load_config
-from gpuhook.oci.bundle import parse_state
 from gpuhook.service import protocol
 
 TYPE_CHECKING = False
@@ -151,9 +150,9 @@ def peer_mount_namespace(pid: int) -> int | None:
     return fd
 
 
-def check_pid_fd(state_text: bytes, pid_fd: int | None) -> int | None:
+def check_pid_fd(pid: int, pid_fd: int | None) -> int | None:
     """The descriptor to reach the container's process through: the /proc/<pid> directory the client opened for
-    the state's pid, where that pid means that process (the runtime's PID namespace), still that process (a
+    the state's `pid`, where that pid means that process (the runtime's PID namespace), still that process (a
     descriptor of a /proc/<pid> directory never names another one: a process that died leaves it empty). The
     state's pid here may be another process or none (this service in a PID namespace of its own: a pod), so the
     start goes through the descriptor, /proc/self/fd/N. None (the state's pid, as the in-process hook uses it):
@@ -162,7 +161,6 @@ def check_pid_fd(state_text: bytes, pid_fd: int | None) -> int | None:
         return None
     if not os.path.exists("/proc/self"):  # a client's /proc, joined (_serve_in_child), of a PID namespace this
         return None  # process is not in: there the state's pid is the client's own word for the process
-    pid = parse_state(state_text).pid  # > 0: prestart.run refuses a state without one before it gets here
     try:
         os.stat(f"/proc/self/fd/{pid_fd}/ns/mnt")
     except OSError as exc:
@@ -382,9 +380,9 @@ class Service:
             return
         child = False
 
-        def fork_for_injection(state_text: bytes) -> int | None:
+        def fork_for_injection(pid: int) -> int | None:
             nonlocal child
-            via_fd = vet(state_text)
+            via_fd = vet(pid)
             if self._fork(conn):
                 raise _Forked
             child = True  # a disposable process from here on: it joins the container's mount namespace itself
@@ -429,14 +427,10 @@ class Service:
             except Exception as exc:  # noqa: BLE001 - a bug in a command must not end the service
                 result = 1, f"gpuhook: service: {render(exc)}\n", b""
         code, err, out = result if result is not None else (protocol.DECLINED, "", b"")
-        try:
-            conn.settimeout(protocol.REQUEST_TIMEOUT_S * 10)
-            conn.sendall(protocol.encode_answer(code, err, out))
-        except OSError:
-            pass
+        self._answer(conn, code, err, out)
 
     def _serve_in_child(self, conn: socket.socket, request: protocol.Request, client_ns: int | None, start: float,
-                        vet: Callable[[bytes], int | None], cdi: HookArgs | None = None) -> None:
+                        vet: Callable[[int], int | None], cdi: HookArgs | None = None) -> None:
         """The whole call in a child, as the in-process entry would run it where the client is: a client in
         another mount namespace (a runtime with its own /sys/fs/cgroup or /proc; a CDI createContainer hook,
         which runs in the container's) is joined first, so its config file, its cgroup mounts, its /proc and so
@@ -499,10 +493,11 @@ class Service:
         return code
 
     @staticmethod
-    def _answer(conn: socket.socket, code: int, line: str) -> None:
+    def _answer(conn: socket.socket, code: int, line: str, output: bytes | None = None) -> None:
+        """The answer, sent within REQUEST_TIMEOUT_S (a command's stdout, up to MAX_OUTPUT, gets ten times that)."""
         try:
-            conn.settimeout(protocol.REQUEST_TIMEOUT_S)
-            conn.sendall(protocol.encode_answer(code, line))
+            conn.settimeout(protocol.REQUEST_TIMEOUT_S * (1 if output is None else 10))
+            conn.sendall(protocol.encode_answer(code, line, output))
         except OSError:
             pass
 

@@ -295,9 +295,6 @@ def prepare(inv: Invocation, config_path: str | None) -> tuple[str, str]:
     return config.log_file, f"{inv.container_id} runtime inject {planned.summary()}{notes}"
 
 
-SERVICE_COMMAND = "runtime-prepare"  # what the shim asks of `gpuhook service` (serve)
-
-
 def serve(args: list[str], cwd: str) -> tuple[int, str, bytes] | None:
     """`runtime-prepare BUNDLE ID CONFIG` for `gpuhook service`: prepare() in the service's warm process, as
     (0, "", b"<log file>\\n<log line>") or (1, the shim's one line, b""); None (declined) for another argv."""
@@ -316,8 +313,9 @@ def prepare_anywhere(inv: Invocation, config_path: str | None) -> tuple[str, str
     """prepare(), by `gpuhook service` when one runs and takes it (its planning modules and inventory warm), else
     here. A service that took it and failed fails the create: never prepared twice."""
     from gpuhook.service.client import ask
+    from gpuhook.service.protocol import RUNTIME_PREPARE
 
-    answer = ask([SERVICE_COMMAND, inv.bundle, inv.container_id, config_path or ""])
+    answer = ask([RUNTIME_PREPARE, inv.bundle, inv.container_id, config_path or ""])
     if answer is None:
         return prepare(inv, config_path)
     code, err, out = answer
