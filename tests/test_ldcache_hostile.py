@@ -166,6 +166,101 @@ def test_update_ldcache_hides_every_procfs_in_the_rootfs(tmp_path: Path) -> None
         "ldconfig reached the host directory through the procfs (links written, cache entries, opens)"
 
 
+ROOTFS_KINDS = ["own-mount", "plain-folder"]  # bound onto itself as runc and crun leave it, or a folder of a mount
+
+
+def mount_hostile_extras(rootfs: Path, rootfs_kind: str, volume: Path) -> None:
+    """In a forked child's own namespace: the rootfs made a mount of its own ("own-mount": ldconfig's view is
+    then restricted by mount_setattr over the whole tree at once) or left a folder on the mount that holds it
+    ("plain-folder": mount by mount, as before Linux 5.12); `volume` bound at /data, a procfs at /host/proc."""
+    _native.unshare(_native.CLONE_NEWNS)
+    _native.mount(None, "/", None, _native.MS_REC | _native.MS_PRIVATE, None)
+    if rootfs_kind == "own-mount":
+        _native.mount(str(rootfs), str(rootfs), None, _native.MS_BIND | _native.MS_REC, None)
+    _native.mount(str(volume), str(rootfs / "data"), None, _native.MS_BIND, None)
+    _native.mount("proc", str(rootfs / "host/proc"), "proc", _native.MS_NOSUID | _native.MS_NODEV, None)
+    fd = os.open(rootfs, os.O_PATH | os.O_DIRECTORY)
+    try:
+        assert _native.is_mount_root(fd) is (rootfs_kind == "own-mount")
+    finally:
+        os.close(fd)
+
+
+def extras_rootfs(tmp_path: Path) -> tuple[Path, Path]:
+    rootfs, volume = small_rootfs(tmp_path), tmp_path / "host-volume"
+    volume.mkdir()
+    (rootfs / "data").mkdir()
+    (rootfs / "host/proc").mkdir(parents=True)
+    return rootfs, volume
+
+
+@pytest.mark.parametrize("rootfs_kind", ROOTFS_KINDS)
+def test_ldconfig_view_is_read_only_below_the_rootfs(tmp_path: Path, rootfs_kind: str) -> None:
+    """The private view ldconfig runs in: every mount nodev, those below the rootfs read-only, the rootfs's own
+    still writable, each procfs in it under an empty tmpfs; the mount table read before (a start's own_mounts)
+    names the procfs. The namespace the rootfs was opened in ends at unshare() here (nothing else is in it),
+    unlike a container's: the rootfs's path must be read before."""
+    need_root()
+    rootfs, volume = extras_rootfs(tmp_path)
+
+    def child() -> None:
+        mount_hostile_extras(rootfs, rootfs_kind, volume)
+        with RootFS(str(rootfs)) as root:
+            root.own_mounts()  # the start's reading, in the container's namespace, before ldconfig's view
+            view = ldcache._private_view(root)
+            try:
+                flags = {p: os.statvfs(rootfs / p).f_flag for p in (".", "data", "host/proc")}
+                assert os.listdir(rootfs / "host/proc") == [], "a procfs in the rootfs was left visible"
+                assert os.listdir(rootfs / "proc") == []
+            finally:
+                view.close()
+        own = os.ST_NODEV if rootfs_kind == "own-mount" else 0  # a folder's holding mount is left as it is
+        assert flags["."] & (os.ST_NODEV | os.ST_RDONLY) == own, flags
+        assert flags["data"] & (os.ST_NODEV | os.ST_RDONLY) == os.ST_NODEV | os.ST_RDONLY, flags
+
+    (rootfs / "proc").mkdir()
+    run_in_child(child)
+
+
+def test_mount_table_is_read_again_after_a_folder_mount(tmp_path: Path) -> None:
+    """RootFS.mount_table keeps own_mounts' reading (ldconfig's view names each procfs from it) until a folder is
+    mounted on in the rootfs (mounted_folder: a recursive bind may bring a procfs with it)."""
+    need_root()
+    rootfs, volume = extras_rootfs(tmp_path)
+
+    def child() -> None:
+        _native.unshare(_native.CLONE_NEWNS)
+        _native.mount(None, "/", None, _native.MS_REC | _native.MS_PRIVATE, None)
+        with RootFS(str(rootfs)) as root:
+            root.own_mounts()
+            before = root.mount_table()
+            _native.mount("proc", str(rootfs / "host/proc"), "proc", _native.MS_NOSUID | _native.MS_NODEV, None)
+            assert root.mount_table() is before  # no folder mount of gpuhook's since: the reading stands
+            root.mounted_folder()
+            points = [m.mountpoint for m in root.mount_table()]
+        assert str(rootfs / "host/proc") in points and str(rootfs / "host/proc") not in [m.mountpoint for m in before]
+
+    run_in_child(child)
+
+
+@pytest.mark.parametrize("rootfs_kind", ROOTFS_KINDS)
+def test_ldconfig_writes_nothing_onto_a_volume(tmp_path: Path, rootfs_kind: str) -> None:
+    """A volume (a host directory) that an ld.so.conf line names gets no soname link and no write from ldconfig,
+    and the rootfs's own mount still takes the cache."""
+    need_root()
+    rootfs, volume = extras_rootfs(tmp_path)
+    shutil.copy2(os.path.realpath("/lib/x86_64-linux-gnu/libm.so.6"), volume / "libm.so.6.0.bait")  # no soname link
+    (rootfs / "etc/ld.so.conf").write_text("/data\n")
+
+    def child() -> None:
+        mount_hostile_extras(rootfs, rootfs_kind, volume)
+        run_ldconfig(rootfs, ["/" + MULTIARCH])
+
+    run_in_child(child)
+    assert "libc.so.6" in {e.key for e in _native.read_ldcache(str(rootfs / "etc/ld.so.cache"))}
+    assert sorted(p.name for p in volume.iterdir()) == ["libm.so.6.0.bait"], "ldconfig wrote into the volume"
+
+
 def hard_link_flood(rootfs: Path, count: int) -> None:
     """`count` hard links in /etc/ld.so.conf.d to one 64 KiB file of distinct folders (issue 22, item 4: 30,000
     of them took 1.9 GiB and 5.5 s of the hook), plus an include loop in /etc/ld.so.conf."""

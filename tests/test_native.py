@@ -724,3 +724,63 @@ def test_mount_id_is_the_one_fdinfo_and_mountinfo_name(tmp_path: Path) -> None:
             assert nat.mount_id(fd) == fdinfo, path
         finally:
             os.close(fd)
+
+
+def test_is_mount_root_tells_a_mount_from_a_folder(tmp_path: Path) -> None:
+    """STATX_ATTR_MOUNT_ROOT (ldconfig's view restricts the whole tree at once only from a mount's root): / and
+    /proc are roots of their mounts, a folder is not, and is one once something is mounted on it."""
+    need_root()
+    folder = tmp_path / "folder"
+    folder.mkdir()
+
+    def roots() -> dict[str, bool | None]:
+        found = {}
+        for path in ("/", "/proc", str(folder)):
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            try:
+                found[path] = nat.is_mount_root(fd)
+            finally:
+                os.close(fd)
+        return found
+
+    assert roots() == {"/": True, "/proc": True, str(folder): False}
+
+    def child() -> None:
+        nat.unshare(nat.CLONE_NEWNS)
+        nat.mount(None, "/", None, nat.MS_REC | nat.MS_PRIVATE, None)
+        nat.mount("tmpfs", str(folder), "tmpfs", 0, "size=4k")
+        assert roots()[str(folder)] is True
+
+    run_in_child(child)
+
+
+def test_mount_setattr_sets_and_clears_over_a_tree(tmp_path: Path) -> None:
+    """mount_setattr with AT_RECURSIVE reaches every mount below, without it only the one named; a clear undoes
+    a set; a bad descriptor is an OSError naming it."""
+    need_root()
+    top, sub = tmp_path / "top", tmp_path / "top" / "sub"
+
+    def flags(path: Path) -> int:
+        return os.statvfs(path).f_flag & (os.ST_RDONLY | os.ST_NODEV)
+
+    def child() -> None:
+        nat.unshare(nat.CLONE_NEWNS)
+        nat.mount(None, "/", None, nat.MS_REC | nat.MS_PRIVATE, None)
+        top.mkdir()
+        nat.mount("tmpfs", str(top), "tmpfs", 0, "size=64k")
+        sub.mkdir()
+        nat.mount("tmpfs", str(sub), "tmpfs", 0, "size=64k")
+        fd = os.open(top, os.O_PATH | os.O_CLOEXEC)
+        try:
+            both = nat.MOUNT_ATTR_RDONLY | nat.MOUNT_ATTR_NODEV
+            nat.mount_setattr(fd, "", nat.AT_EMPTY_PATH | nat.AT_RECURSIVE, both)
+            assert (flags(top), flags(sub)) == (os.ST_RDONLY | os.ST_NODEV, os.ST_RDONLY | os.ST_NODEV)
+            nat.mount_setattr(fd, "", nat.AT_EMPTY_PATH, 0, nat.MOUNT_ATTR_RDONLY)
+            assert (flags(top), flags(sub)) == (os.ST_NODEV, os.ST_RDONLY | os.ST_NODEV)
+        finally:
+            os.close(fd)
+        with pytest.raises(OSError) as caught:
+            nat.mount_setattr(-1, "", nat.AT_EMPTY_PATH, nat.MOUNT_ATTR_RDONLY)
+        assert caught.value.errno == errno.EBADF
+
+    run_in_child(child)

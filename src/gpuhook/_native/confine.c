@@ -57,8 +57,11 @@ int gh_keep_capabilities(uint64_t keep)
     for (int cap = 0; cap < 64; cap++) {
         if (keep & (1ULL << cap))
             continue;
-        if (prctl(PR_CAPBSET_DROP, (unsigned long)cap, 0, 0, 0) != 0 && errno != EINVAL)
-            return -1; /* EINVAL: past the kernel's last capability */
+        if (prctl(PR_CAPBSET_DROP, (unsigned long)cap, 0, 0, 0) != 0) {
+            if (errno == EINVAL)
+                break; /* past the kernel's last capability: none above it either */
+            return -1;
+        }
     }
     if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0 && errno != EINVAL)
         return -1;

@@ -27,6 +27,9 @@
 #ifndef SYS_move_mount
 #define SYS_move_mount 429
 #endif
+#ifndef SYS_mount_setattr
+#define SYS_mount_setattr 442
+#endif
 
 /* ------------------------------------------------------------------------------------------------ */
 /* helpers                                                                                          */
@@ -443,6 +446,22 @@ int gh_mount_id(int fd, uint64_t *out)
     return 0;
 }
 
+int gh_is_mount_root(int fd)
+{
+    /* the same raw struct statx as gh_mount_id: stx_attributes at 8, stx_attributes_mask at 56 */
+    enum { ATTRIBUTES_AT = 8, ATTRIBUTES_MASK_AT = 56, SIZE = 256 };
+    const uint64_t MOUNT_ROOT = 0x2000; /* STATX_ATTR_MOUNT_ROOT */
+    uint64_t buf[SIZE / 8], attributes, known;
+    memset(buf, 0, sizeof(buf));
+    if (syscall(SYS_statx, fd, "", AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW, 0, buf) != 0)
+        return -1;
+    memcpy(&known, (const uint8_t *)buf + ATTRIBUTES_MASK_AT, sizeof(known));
+    memcpy(&attributes, (const uint8_t *)buf + ATTRIBUTES_AT, sizeof(attributes));
+    if (!(known & MOUNT_ROOT))
+        return 2;
+    return (attributes & MOUNT_ROOT) ? 1 : 0;
+}
+
 int gh_set_pdeathsig(int sig) { return prctl(PR_SET_PDEATHSIG, (unsigned long)sig, 0, 0, 0); }
 
 int gh_mount(const char *source, const char *target, const char *fstype, unsigned long flags, const char *data)
@@ -476,6 +495,17 @@ int gh_open_tree(int dirfd, const char *path, uint32_t flags)
 int gh_move_mount(int from_dirfd, const char *from_path, int to_dirfd, const char *to_path, uint32_t flags)
 {
     return (int)syscall(SYS_move_mount, from_dirfd, from_path, to_dirfd, to_path, flags);
+}
+
+int gh_mount_setattr(int dirfd, const char *path, uint32_t flags, uint64_t attr_set, uint64_t attr_clr,
+                     uint64_t propagation)
+{
+    /* struct mount_attr (MOUNT_ATTR_SIZE_VER0), spelled out so the build does not need <linux/mount.h>'s newest */
+    struct {
+        uint64_t attr_set, attr_clr, propagation, userns_fd;
+    } attr = {attr_set, attr_clr, propagation, 0};
+
+    return (int)syscall(SYS_mount_setattr, dirfd, path, flags, &attr, sizeof attr);
 }
 
 /* ------------------------------------------------------------------------------------------------ */

@@ -44,7 +44,7 @@ def _mask_proc(root: RootFS, edits: ContainerEdits, proc_root: str) -> None:
         version = f.read()
     params = _params_without_modify(edits.params_host_path) if edits.params_host_path else b""
     dfd = root.open("/proc/driver/nvidia", os.O_PATH | os.O_DIRECTORY)
-    root.forget_dirs()  # covered by the tmpfs from here on
+    root.mounted_folder()  # covered by the tmpfs from here on
     try:
         _native.mount(
             "tmpfs",

@@ -17,6 +17,7 @@ ld.so.cache~) must be regular files.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import posixpath
 import signal
@@ -26,7 +27,7 @@ from collections.abc import Iterator
 
 from gpuhook import _native
 from gpuhook.errors import GpuhookError, InjectionError, clip, render
-from gpuhook.inject.mountinfo import read_mounts
+from gpuhook.inject.mountinfo import Mount, read_mounts
 from gpuhook.inject.rootfs import RootFS, shown
 from gpuhook.model.contract import LD_CONF_FILE
 
@@ -194,13 +195,32 @@ def _check_cache_tmp(rootfs: RootFS) -> None:
         raise InjectionError("/etc/ld.so.cache~ in container: not a regular file")
 
 
-def _mounts_under(root_path: str) -> list[tuple[str, str]]:
-    """(mount point, fs type) of the rootfs mount and every mount below it, in mountinfo order.
+def _mounts_under(root_path: str, table: list[Mount]) -> list[tuple[str, str]]:
+    """(mount point, fs type) of the rootfs mount and every mount below it in `table`, in mountinfo order.
 
     `root_path` is the rootfs as the kernel names it (no symlink, no trailing slash), as mountinfo does."""
     prefix = root_path.rstrip("/") + "/"
-    return [(m.mountpoint, m.fstype) for m in read_mounts()
-            if m.mountpoint == root_path or m.mountpoint.startswith(prefix)]
+    return [(m.mountpoint, m.fstype) for m in table if m.mountpoint == root_path or m.mountpoint.startswith(prefix)]
+
+
+def _restrict_tree(view: RootFS) -> bool:
+    """mount_setattr(2) (Linux 5.12) over the whole rootfs tree at once: nodev and read-only on every mount, then
+    the rootfs's own mount writable again unless it was read-only already. False (nothing done) where the kernel
+    lacks the call or the rootfs is no mount of its own (a test's folder: the recursive call would reach the
+    mount that holds it); _remount_nodev, mount by mount, then does the same."""
+    if _native.is_mount_root(view.fd) is not True:
+        return False
+    top_ro = os.statvfs(f"/proc/self/fd/{view.fd}").f_flag & os.ST_RDONLY
+    flags = _native.AT_EMPTY_PATH | _native.AT_RECURSIVE
+    try:
+        _native.mount_setattr(view.fd, "", flags, _native.MOUNT_ATTR_RDONLY | _native.MOUNT_ATTR_NODEV)
+    except OSError as exc:
+        if exc.errno == errno.ENOSYS:
+            return False
+        raise
+    if not top_ro:
+        _native.mount_setattr(view.fd, "", _native.AT_EMPTY_PATH, 0, _native.MOUNT_ATTR_RDONLY)
+    return True
 
 
 def _remount_nodev(top: str, points: list[str]) -> None:
@@ -260,13 +280,22 @@ def _private_view(rootfs: RootFS) -> RootFS:
     must not: every mount of the rootfs nodev (and read-only below the rootfs's own), every procfs in it under an
     empty tmpfs. Returns the rootfs opened again there (a descriptor opened before unshare() is in the old
     namespace: mount() on it is EINVAL). The calling process stays in that copy: it must be disposable."""
+    # the rootfs's real path, as mountinfo spells it; read before unshare(): once the namespace the descriptor is
+    # in has ended (nothing else held it), the kernel names its folder from the mount's root ("/")
+    top = os.readlink(f"/proc/self/fd/{rootfs.fd}")
     _native.unshare(_native.CLONE_NEWNS)
     _native.mount(None, "/", None, _native.MS_REC | _native.MS_PRIVATE, None)
-    top = os.readlink(f"/proc/self/fd/{rootfs.fd}")  # the rootfs's real path, as mountinfo spells it
-    mounts = _mounts_under(top)
-    _remount_nodev(top, [point for point, _ in mounts])
     view = RootFS(rootfs.path)
-    _hide_procfs(view, top, mounts)
+    try:
+        if _restrict_tree(view):  # the copy has the same mount points: the reading before unshare() names them
+            mounts = _mounts_under(top, rootfs.mount_table())
+        else:
+            mounts = _mounts_under(top, read_mounts())
+            _remount_nodev(top, [point for point, _ in mounts])
+        _hide_procfs(view, top, mounts)
+    except BaseException:
+        view.close()
+        raise
     return view
 
 

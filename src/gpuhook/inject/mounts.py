@@ -46,7 +46,7 @@ def bind(rootfs: RootFS, tree_fd: int, container_path: str, options: tuple[str, 
     is_dir = stat.S_ISDIR(os.fstat(tree_fd).st_mode)
     target = rootfs.mkdirs(container_path) if is_dir else rootfs.ensure_file(container_path)
     if is_dir:
-        rootfs.forget_dirs()  # covered from here on: a folder held at or below it is no longer what paths reach
+        rootfs.mounted_folder()  # covered from here on: a folder held at or below it is no longer what paths reach
     _attach(tree_fd, target, container_path, options)
 
 

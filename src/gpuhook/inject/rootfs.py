@@ -24,7 +24,7 @@ import stat
 
 from gpuhook import _native
 from gpuhook.errors import InjectionError, clip
-from gpuhook.inject.mountinfo import read_mounts
+from gpuhook.inject.mountinfo import Mount, read_mounts
 
 RESOLVE = _native.RESOLVE_IN_ROOT | _native.RESOLVE_NO_MAGICLINKS
 O_PATH = os.O_PATH
@@ -78,6 +78,7 @@ class RootFS:
         except OSError as exc:
             raise InjectionError(f"cannot open container rootfs {path}: {exc.strerror}") from None
         self._mounts: frozenset[int] | None = None
+        self._table: list[Mount] | None = None  # mount_table(): the last mountinfo reading, while still current
         self._resolved: dict[str, str] = {}  # leads_to: link-free path -> where it is (the shim checks dozens
         # of paths under a few folders; each folder is looked at once)
         self._dirs: dict[str, int] = {}  # mkdirs: container folder -> a descriptor of it (dozens of libraries are
@@ -89,9 +90,23 @@ class RootFS:
         top = os.readlink(f"/proc/self/fd/{self.fd}").rstrip("/")
         wanted = {top + p for p in DEVICE_MOUNTS}
         ids = {mount_id(self.fd)}
+        self._table = read_mounts()
         # every mount exactly there (the last one mounted there is what a lookup sees, and it is among them)
-        ids.update(m.mount_id for m in read_mounts() if m.mountpoint in wanted)
+        ids.update(m.mount_id for m in self._table if m.mountpoint in wanted)
         return frozenset(ids)
+
+    def mount_table(self) -> list[Mount]:
+        """This mount namespace's mounts: the last reading (own_mounts), unless a folder was mounted on since
+        (mounted_folder: a recursive bind may bring submounts), else read now."""
+        if self._table is None:
+            self._table = read_mounts()
+        return self._table
+
+    def mounted_folder(self) -> None:
+        """Whoever mounts over a folder in the rootfs calls this: held folders are forgotten (forget_dirs) and
+        the mount table is read again when next asked for."""
+        self.forget_dirs()
+        self._table = None
 
     def is_own(self, pfd: int) -> bool:
         """Folder `pfd` is on one of own_mounts() (read again when it is not in the last reading)."""
