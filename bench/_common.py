@@ -245,6 +245,52 @@ def fake_driver(root: Path, gpus: int, mig: Mapping[int, Sequence[str]] | None =
     return build_fake_driver(root, gpus, mig=mig)
 
 
+# The spawner's program: one JSON line in ({"argv", "env", "err"}), one out ({"ms", "status", "maxrss_kib"}).
+_SPAWNER = """
+import json, os, sys, time
+null = os.open("/dev/null", os.O_RDWR)
+for line in sys.stdin:
+    job = json.loads(line)
+    err = os.open(job["err"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    start = time.perf_counter()
+    pid = os.posix_spawn(job["argv"][0], job["argv"], job["env"], file_actions=[
+        (os.POSIX_SPAWN_DUP2, null, 0), (os.POSIX_SPAWN_DUP2, null, 1), (os.POSIX_SPAWN_DUP2, err, 2)])
+    _, status, usage = os.wait4(pid, 0)
+    ms = (time.perf_counter() - start) * 1000
+    os.close(err)
+    print(json.dumps({"ms": ms, "status": os.waitstatus_to_exitcode(status), "maxrss_kib": usage.ru_maxrss}),
+          flush=True)
+"""
+
+
+class Spawner:
+    """Runs commands from a small resident `python3 -I -S` process and reports each one's wall time and peak RSS.
+
+    A child's ru_maxrss (wait4) is the peak over every memory image the process had, the one it was forked or
+    vfork-spawned with included: a command started from the benchmark itself reports at least the benchmark's own
+    RSS (33 MiB), whatever it uses. Started from this spawner, the floor is the spawner's few MiB."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _SPAWNER], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+
+    def run(self, argv: Sequence[str], env: Mapping[str, str], err: Path) -> tuple[float, int, int]:
+        """(wall ms, exit status, peak RSS KiB) of `argv` with exactly `env`, stderr to `err`."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps({"argv": list(argv), "env": dict(env), "err": str(err)}) + "\n")
+        self.proc.stdin.flush()
+        answer = self.proc.stdout.readline()
+        if not answer:
+            raise BenchError(f"the spawner ended (status {self.proc.wait()}) running {' '.join(argv[:3])}")
+        done = json.loads(answer)
+        return done["ms"], done["status"], done["maxrss_kib"]
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
 def timed(argv: Sequence[str], **kw: Any) -> tuple[float, subprocess.CompletedProcess[str]]:
     """(wall milliseconds, result) of one command, output captured; stdin closed unless `input=` is given."""
     if "input" not in kw:

@@ -4,7 +4,8 @@ answered by a running `gpuhook service` (issue 21: the console script asks it fi
 `python -c pass` of the console script's interpreter, the floor of any Python command here.
 
 Runs the installed `gpuhook` command (what a boot-time unit runs), writing the spec to a file, every case
-interleaved round by round. Peak memory is the child's own ru_maxrss (os.wait4), not this process's.
+interleaved round by round, each started from a small resident spawner (_common.Spawner), so that its
+ru_maxrss (os.wait4) is its own peak memory and not this script's.
 Targets: issue 14, <= 40 ms for 4 GPUs with one in MIG mode (cached), and at most 1.5x growth from there to
 8 GPUs x 7 MIG devices; issue 21, <= 60 ms without the service (cold) and <= 20 ms with it.
 """
@@ -12,15 +13,15 @@ Targets: issue 14, <= 40 ms for 4 GPUs with one in MIG mode (cached), and at mos
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
-import subprocess
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 from _common import (
     BenchError,
+    Spawner,
     fake_driver,
     gpuhook_command,
     interleaved,
@@ -48,18 +49,13 @@ DRIVERS: dict[str, tuple[str, int, dict[int, list[str]] | None]] = {
 }
 
 
-def run_once(argv: list[str], err_path: Path, env: dict[str, str]) -> tuple[float, int]:
-    """(wall ms, peak RSS KiB) of one child; BenchError when it fails."""
-    with open(err_path, "wb") as err:
-        start = time.perf_counter()
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-                                env={**os.environ, **env})
-        _, status, usage = os.wait4(proc.pid, 0)
-        ms = (time.perf_counter() - start) * 1000
-    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: keep Popen from waiting again
-    if proc.returncode != 0:
-        raise BenchError(f"{' '.join(argv[:3])} failed ({proc.returncode}): {err_path.read_text().strip()[-600:]}")
-    return ms, usage.ru_maxrss
+def run_once(spawner: Spawner, argv: list[str], err_path: Path, env: dict[str, str]) -> tuple[float, int]:
+    """(wall ms, peak RSS KiB) of one run, started from the small spawner (its RSS, not this script's, is the
+    floor of ru_maxrss); BenchError when it fails."""
+    ms, status, peak = spawner.run(argv, {**os.environ, **env}, err_path)
+    if status != 0:
+        raise BenchError(f"{' '.join(argv[:3])} failed ({status}): {err_path.read_text().strip()[-600:]}")
+    return ms, peak
 
 
 def bench(args: argparse.Namespace) -> None:
@@ -67,7 +63,8 @@ def bench(args: argparse.Namespace) -> None:
     load_before = list(os.getloadavg())
     rss: dict[str, list[float]] = {}
     counts: dict[str, int] = {}
-    with workdir("gen", args.keep, args.work_dir) as work:
+    spawner = Spawner()
+    with workdir("gen", args.keep, args.work_dir) as work, contextlib.closing(spawner):
         sock = work / "run" / "service.sock"
         nowhere = {"GPUHOOK_SERVICE_SOCKET": str(work / "none" / "service.sock")}
         cases: dict[str, Callable[[int], float]] = {}
@@ -85,14 +82,23 @@ def bench(args: argparse.Namespace) -> None:
                 env = {"GPUHOOK_SERVICE_SOCKET": str(sock)} if variant == SERVED else nowhere
 
                 def start(round_: int, argv: list[str] = argv, name: str = name, env: dict[str, str] = env) -> float:
-                    ms, peak = run_once(argv, work / f"{name}.err", env)
+                    ms, peak = run_once(spawner, argv, work / f"{name}.err", env)
                     if round_ >= WARMUP:
                         rss[name].append(peak / 1024)
                     return ms
 
                 cases[name] = start
         python = [str(Path(gpuhook_command()[0]).with_name("python3")), "-c", "pass"]
-        cases["python"] = lambda _round: run_once(python, work / "python.err", nowhere)[0]
+        for name, floor_argv in (("python", python), ("true", ["/bin/true"])):
+            rss[name] = []
+
+            def floor(round_: int, argv: list[str] = floor_argv, name: str = name) -> float:
+                ms, peak = run_once(spawner, argv, work / f"{name}.err", nowhere)
+                if round_ >= WARMUP:
+                    rss[name].append(peak / 1024)
+                return ms
+
+            cases[name] = floor
         service = start_service(sock, None, work / "service.err")
         try:
             samples = interleaved(cases, args.runs, warmup=WARMUP, seed=args.seed)
@@ -112,7 +118,10 @@ def bench(args: argparse.Namespace) -> None:
     rows = [row(f"{label}: {counts[driver]} spec devices{notes[variant]}", samples[f"{driver}{variant}"],
                 targets.get(f"{driver}{variant}"), peak_rss_mib=round(statistics.median(rss[f"{driver}{variant}"]), 1))
             for driver, (label, _g, _m) in DRIVERS.items() for variant in VARIANTS]
-    rows.append(row("python3 -c pass (the interpreter alone)", samples["python"]))
+    rows.append(row("python3 -c pass (the interpreter alone)", samples["python"],
+                    peak_rss_mib=round(statistics.median(rss["python"]), 1)))
+    rows.append(row("/bin/true (the spawner alone: the floor of peak_rss_mib)", samples["true"],
+                    peak_rss_mib=round(statistics.median(rss["true"]), 1)))
     by_name = dict(zip(names, rows, strict=False))
     growth = by_name[f"8x7mig{CACHED}"]["median"] / by_name[f"4gpu1mig{CACHED}"]["median"]
     print_table("gpuhook generate-cdi wall time", rows, ["peak_rss_mib"])
