@@ -66,13 +66,25 @@ def bench(args: argparse.Namespace) -> None:
     spawner = Spawner()
     with workdir("gen", args.keep, args.work_dir) as work, contextlib.closing(spawner):
         sock = work / "run" / "service.sock"
+
+        def case(name: str, argv: list[str], env: dict[str, str]) -> Callable[[int], float]:
+            """One interleaved case: its wall time per round, its peak RSS kept past the warm-up."""
+            rss[name] = []
+
+            def start(round_: int) -> float:
+                ms, peak = run_once(spawner, argv, work / f"{name}.err", env)
+                if round_ >= WARMUP:
+                    rss[name].append(peak / 1024)
+                return ms
+
+            return start
+
         nowhere = {"GPUHOOK_SERVICE_SOCKET": str(work / "none" / "service.sock")}
         cases: dict[str, Callable[[int], float]] = {}
         for driver, (_label, gpus, mig) in DRIVERS.items():
             fake = fake_driver(work / driver, gpus, mig)
             for variant in VARIANTS:
                 name = f"{driver}{variant}"
-                rss[name] = []
                 out = work / f"{name}.yaml"
                 # cold: discovery every time; cached and served: the inventory cache the first (warm-up) round wrote
                 cache = str(work / f"{driver}.inventory.json") if variant else ""
@@ -80,25 +92,10 @@ def bench(args: argparse.Namespace) -> None:
                         str(fake.root / "proc"), "--hook-path", "/usr/local/bin/gpuhook-hook", "--output", str(out),
                         "--inventory-cache", cache]
                 env = {"GPUHOOK_SERVICE_SOCKET": str(sock)} if variant == SERVED else nowhere
-
-                def start(round_: int, argv: list[str] = argv, name: str = name, env: dict[str, str] = env) -> float:
-                    ms, peak = run_once(spawner, argv, work / f"{name}.err", env)
-                    if round_ >= WARMUP:
-                        rss[name].append(peak / 1024)
-                    return ms
-
-                cases[name] = start
+                cases[name] = case(name, argv, env)
         python = [str(Path(gpuhook_command()[0]).with_name("python3")), "-c", "pass"]
-        for name, floor_argv in (("python", python), ("true", ["/bin/true"])):
-            rss[name] = []
-
-            def floor(round_: int, argv: list[str] = floor_argv, name: str = name) -> float:
-                ms, peak = run_once(spawner, argv, work / f"{name}.err", nowhere)
-                if round_ >= WARMUP:
-                    rss[name].append(peak / 1024)
-                return ms
-
-            cases[name] = floor
+        cases["python"] = case("python", python, nowhere)
+        cases["true"] = case("true", ["/bin/true"], nowhere)
         service = start_service(sock, None, work / "service.err")
         try:
             samples = interleaved(cases, args.runs, warmup=WARMUP, seed=args.seed)
@@ -115,13 +112,16 @@ def bench(args: argparse.Namespace) -> None:
         targets.update({driver: TARGET_COLD, driver + SERVED: TARGET_SERVICE})
     notes = {"": "", CACHED: ", inventory cache", SERVED: ", through gpuhook service"}
     names = [f"{d}{v}" for d in DRIVERS for v in VARIANTS]
+
+    def peak(name: str) -> float:
+        return round(statistics.median(rss[name]), 1)
+
     rows = [row(f"{label}: {counts[driver]} spec devices{notes[variant]}", samples[f"{driver}{variant}"],
-                targets.get(f"{driver}{variant}"), peak_rss_mib=round(statistics.median(rss[f"{driver}{variant}"]), 1))
+                targets.get(f"{driver}{variant}"), peak_rss_mib=peak(f"{driver}{variant}"))
             for driver, (label, _g, _m) in DRIVERS.items() for variant in VARIANTS]
-    rows.append(row("python3 -c pass (the interpreter alone)", samples["python"],
-                    peak_rss_mib=round(statistics.median(rss["python"]), 1)))
+    rows.append(row("python3 -c pass (the interpreter alone)", samples["python"], peak_rss_mib=peak("python")))
     rows.append(row("/bin/true (the spawner alone: the floor of peak_rss_mib)", samples["true"],
-                    peak_rss_mib=round(statistics.median(rss["true"]), 1)))
+                    peak_rss_mib=peak("true")))
     by_name = dict(zip(names, rows, strict=False))
     growth = by_name[f"8x7mig{CACHED}"]["median"] / by_name[f"4gpu1mig{CACHED}"]["median"]
     print_table("gpuhook generate-cdi wall time", rows, ["peak_rss_mib"])

@@ -429,37 +429,53 @@ int gh_setns(int fd, int nstype) { return setns(fd, nstype); }
 
 int gh_unshare(int flags) { return unshare(flags); }
 
+/* struct statx by its kernel ABI (include/uapi/linux/stat.h), 256 bytes: a raw buffer, because glibc's and the
+ * kernel's headers both define the struct and cannot be included together. */
+enum {
+    RAW_STATX_BYTES = 256,
+    RAW_STATX_MASK_AT = 0,
+    RAW_STATX_ATTRIBUTES_AT = 8,
+    RAW_STATX_ATTRIBUTES_MASK_AT = 56,
+    RAW_STATX_MNT_ID_AT = 144
+};
+
+/* statx of `fd` itself (never a link's target) into `buf`, asking for `mask` */
+static int statx_fd(int fd, uint32_t mask, uint64_t buf[RAW_STATX_BYTES / 8])
+{
+    memset(buf, 0, RAW_STATX_BYTES);
+    return syscall(SYS_statx, fd, "", AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW, mask, buf) != 0 ? -1 : 0;
+}
+
+static uint64_t statx_u64(const uint64_t *buf, size_t at)
+{
+    uint64_t value;
+    memcpy(&value, (const uint8_t *)buf + at, sizeof(value));
+    return value;
+}
+
 int gh_mount_id(int fd, uint64_t *out)
 {
-    /* struct statx by its kernel ABI (include/uapi/linux/stat.h): stx_mask at 0, stx_mnt_id at 144, 256 bytes; a
-     * raw buffer, because glibc's and the kernel's headers both define the struct and cannot be included together */
-    enum { STATX_MNT_ID_BIT = 0x1000, MASK_AT = 0, MNT_ID_AT = 144, SIZE = 256 };
-    uint64_t buf[SIZE / 8];
-    memset(buf, 0, sizeof(buf));
-    if (syscall(SYS_statx, fd, "", AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW, STATX_MNT_ID_BIT, buf) != 0)
+    const uint32_t MNT_ID = 0x1000; /* STATX_MNT_ID */
+    uint64_t buf[RAW_STATX_BYTES / 8];
+    if (statx_fd(fd, MNT_ID, buf) != 0)
         return -1;
-    uint32_t mask;
-    memcpy(&mask, (const uint8_t *)buf + MASK_AT, sizeof(mask));
-    if (!(mask & STATX_MNT_ID_BIT))
+    uint32_t mask; /* stx_mask: a __u32 */
+    memcpy(&mask, (const uint8_t *)buf + RAW_STATX_MASK_AT, sizeof(mask));
+    if (!(mask & MNT_ID))
         return 1; /* a kernel before 5.8: the caller reads /proc/self/fdinfo */
-    memcpy(out, (const uint8_t *)buf + MNT_ID_AT, sizeof(*out));
+    *out = statx_u64(buf, RAW_STATX_MNT_ID_AT);
     return 0;
 }
 
 int gh_is_mount_root(int fd)
 {
-    /* the same raw struct statx as gh_mount_id: stx_attributes at 8, stx_attributes_mask at 56 */
-    enum { ATTRIBUTES_AT = 8, ATTRIBUTES_MASK_AT = 56, SIZE = 256 };
     const uint64_t MOUNT_ROOT = 0x2000; /* STATX_ATTR_MOUNT_ROOT */
-    uint64_t buf[SIZE / 8], attributes, known;
-    memset(buf, 0, sizeof(buf));
-    if (syscall(SYS_statx, fd, "", AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW, 0, buf) != 0)
+    uint64_t buf[RAW_STATX_BYTES / 8];
+    if (statx_fd(fd, 0, buf) != 0)
         return -1;
-    memcpy(&known, (const uint8_t *)buf + ATTRIBUTES_MASK_AT, sizeof(known));
-    memcpy(&attributes, (const uint8_t *)buf + ATTRIBUTES_AT, sizeof(attributes));
-    if (!(known & MOUNT_ROOT))
-        return 2;
-    return (attributes & MOUNT_ROOT) ? 1 : 0;
+    if (!(statx_u64(buf, RAW_STATX_ATTRIBUTES_MASK_AT) & MOUNT_ROOT))
+        return 2; /* a kernel before 5.8 does not say */
+    return (statx_u64(buf, RAW_STATX_ATTRIBUTES_AT) & MOUNT_ROOT) ? 1 : 0;
 }
 
 int gh_set_pdeathsig(int sig) { return prctl(PR_SET_PDEATHSIG, (unsigned long)sig, 0, 0, 0); }
@@ -497,13 +513,12 @@ int gh_move_mount(int from_dirfd, const char *from_path, int to_dirfd, const cha
     return (int)syscall(SYS_move_mount, from_dirfd, from_path, to_dirfd, to_path, flags);
 }
 
-int gh_mount_setattr(int dirfd, const char *path, uint32_t flags, uint64_t attr_set, uint64_t attr_clr,
-                     uint64_t propagation)
+int gh_mount_setattr(int dirfd, const char *path, uint32_t flags, uint64_t attr_set, uint64_t attr_clr)
 {
     /* struct mount_attr (MOUNT_ATTR_SIZE_VER0), spelled out so the build does not need <linux/mount.h>'s newest */
     struct {
         uint64_t attr_set, attr_clr, propagation, userns_fd;
-    } attr = {attr_set, attr_clr, propagation, 0};
+    } attr = {attr_set, attr_clr, 0, 0};
 
     return (int)syscall(SYS_mount_setattr, dirfd, path, flags, &attr, sizeof attr);
 }

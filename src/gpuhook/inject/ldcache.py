@@ -210,7 +210,7 @@ def _restrict_tree(view: RootFS) -> bool:
     mount that holds it); _remount_nodev, mount by mount, then does the same."""
     if _native.is_mount_root(view.fd) is not True:
         return False
-    top_ro = os.statvfs(f"/proc/self/fd/{view.fd}").f_flag & os.ST_RDONLY
+    top_ro = os.fstatvfs(view.fd).f_flag & os.ST_RDONLY
     flags = _native.AT_EMPTY_PATH | _native.AT_RECURSIVE
     try:
         _native.mount_setattr(view.fd, "", flags, _native.MOUNT_ATTR_RDONLY | _native.MOUNT_ATTR_NODEV)
@@ -287,9 +287,9 @@ def _private_view(rootfs: RootFS) -> RootFS:
     _native.mount(None, "/", None, _native.MS_REC | _native.MS_PRIVATE, None)
     view = RootFS(rootfs.path)
     try:
-        if _restrict_tree(view):  # the copy has the same mount points: the reading before unshare() names them
-            mounts = _mounts_under(top, rootfs.mount_table())
-        else:
+        if _restrict_tree(view):  # only each procfs is left to name: the start's reading has them (the copy has
+            mounts = _mounts_under(top, rootfs.mount_table())  # the same mount points)
+        else:  # every mount is remounted, the file binds made since that reading included: read them all now
             mounts = _mounts_under(top, read_mounts())
             _remount_nodev(top, [point for point, _ in mounts])
         _hide_procfs(view, top, mounts)
