@@ -66,8 +66,9 @@ OPEN_TREE_CLOEXEC: int = lib.OPEN_TREE_CLOEXEC
 AT_RECURSIVE: int = lib.AT_RECURSIVE
 AT_EMPTY_PATH: int = lib.AT_EMPTY_PATH
 MOVE_MOUNT_F_EMPTY_PATH: int = lib.MOVE_MOUNT_F_EMPTY_PATH
-# mount_setattr(2)'s MOUNT_ATTR_* that gpuhook sets (<linux/mount.h>, fixed ABI)
-MOUNT_ATTR_RDONLY, MOUNT_ATTR_NODEV = 0x1, 0x4
+# mount_setattr(2)'s MOUNT_ATTR_* that gpuhook sets or clears (<linux/mount.h>, fixed ABI)
+MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOEXEC = 0x1, 0x2, 0x4, 0x8
+MOUNT_ATTR_NOSYMFOLLOW = 0x00200000
 
 # bpf(2)
 BPF_CGROUP_DEVICE: int = lib.BPF_CGROUP_DEVICE
@@ -360,10 +361,13 @@ def open_tree(dirfd: int, path: str | os.PathLike[str], flags: int = OPEN_TREE_C
     return _check(lib.gh_open_tree(dirfd, os.fsencode(path), flags), os.fspath(path))
 
 
-def mount_setattr(dirfd: int, path: str | os.PathLike[str], flags: int, attr_set: int, attr_clr: int = 0) -> None:
+def mount_setattr(dirfd: int, path: str | os.PathLike[str], flags: int, attr_set: int, attr_clr: int = 0,
+                  propagation: int = 0) -> None:
     """mount_setattr(2) (Linux 5.12): MOUNT_ATTR_* flags set and cleared on one mount, or with AT_RECURSIVE on a
-    whole tree, in one call; OSError ENOSYS from an older kernel."""
-    _check(lib.gh_mount_setattr(dirfd, os.fsencode(path), flags, attr_set, attr_clr), os.fspath(path) or f"fd {dirfd}")
+    whole tree, and its propagation (MS_PRIVATE, ...; 0: as it is), in one call; OSError ENOSYS from an older
+    kernel."""
+    _check(lib.gh_mount_setattr(dirfd, os.fsencode(path), flags, attr_set, attr_clr, propagation),
+           os.fspath(path) or f"fd {dirfd}")
 
 
 def is_mount_root(fd: int) -> bool | None:

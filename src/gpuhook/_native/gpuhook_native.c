@@ -513,12 +513,13 @@ int gh_move_mount(int from_dirfd, const char *from_path, int to_dirfd, const cha
     return (int)syscall(SYS_move_mount, from_dirfd, from_path, to_dirfd, to_path, flags);
 }
 
-int gh_mount_setattr(int dirfd, const char *path, uint32_t flags, uint64_t attr_set, uint64_t attr_clr)
+int gh_mount_setattr(int dirfd, const char *path, uint32_t flags, uint64_t attr_set, uint64_t attr_clr,
+                     uint64_t propagation)
 {
     /* struct mount_attr (MOUNT_ATTR_SIZE_VER0), spelled out so the build does not need <linux/mount.h>'s newest */
     struct {
         uint64_t attr_set, attr_clr, propagation, userns_fd;
-    } attr = {attr_set, attr_clr, 0, 0};
+    } attr = {attr_set, attr_clr, propagation, 0};
 
     return (int)syscall(SYS_mount_setattr, dirfd, path, flags, &attr, sizeof attr);
 }

@@ -60,9 +60,10 @@ int gh_openat2(int dirfd, const char *path, uint64_t flags, uint64_t mode, uint6
 int gh_mknodat(int dirfd, const char *path, uint32_t mode, uint32_t major, uint32_t minor);
 int gh_open_tree(int dirfd, const char *path, uint32_t flags);
 /* mount_setattr(2) (Linux 5.12): set and clear MOUNT_ATTR_* flags of the mount at `path` under `dirfd`
- * (AT_EMPTY_PATH: `dirfd` itself; AT_RECURSIVE: and every mount below it) in one call, the propagation left as
- * it is. -1/ENOSYS on an older kernel. */
-int gh_mount_setattr(int dirfd, const char *path, uint32_t flags, uint64_t attr_set, uint64_t attr_clr);
+ * (AT_EMPTY_PATH: `dirfd` itself; AT_RECURSIVE: and every mount below it) in one call, and its propagation
+ * (MS_PRIVATE, ...; 0 leaves it as it is). -1/ENOSYS on an older kernel. */
+int gh_mount_setattr(int dirfd, const char *path, uint32_t flags, uint64_t attr_set, uint64_t attr_clr,
+                     uint64_t propagation);
 /* Whether `fd` is the root of a mount (statx STATX_ATTR_MOUNT_ROOT): 1 or 0, 2 when the kernel does not say
  * (before 5.8), or -1 (errno). */
 int gh_is_mount_root(int fd);

@@ -64,9 +64,7 @@ def _mask_proc(root: RootFS, edits: ContainerEdits, proc_root: str) -> None:
         os.close(fd)
     top = root.open("/proc/driver/nvidia", os.O_PATH | os.O_DIRECTORY)
     try:
-        _native.mount(
-            None, f"/proc/self/fd/{top}", None, mounts.remount_flags(("ro", "nosuid", "nodev", "noexec")), None
-        )
+        mounts.set_options(top, ("ro", "nosuid", "nodev", "noexec"), private=False)
     finally:
         os.close(top)
 

@@ -7,6 +7,7 @@ container's namespace with move_mount onto a target descriptor resolved in the r
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 
@@ -15,12 +16,17 @@ from gpuhook.errors import InjectionError
 from gpuhook.inject.rootfs import RootFS
 
 MOVE_MOUNT_T_EMPTY_PATH = getattr(_native, "MOVE_MOUNT_T_EMPTY_PATH", 0x40)
+# each option: its mount(2) flag and its mount_setattr(2) attribute
 _OPTION_FLAGS = {
-    "ro": _native.MS_RDONLY,
-    "nosuid": _native.MS_NOSUID,
-    "nodev": _native.MS_NODEV,
-    "noexec": _native.MS_NOEXEC,
+    "ro": (_native.MS_RDONLY, _native.MOUNT_ATTR_RDONLY),
+    "nosuid": (_native.MS_NOSUID, _native.MOUNT_ATTR_NOSUID),
+    "nodev": (_native.MS_NODEV, _native.MOUNT_ATTR_NODEV),
+    "noexec": (_native.MS_NOEXEC, _native.MOUNT_ATTR_NOEXEC),
 }
+# what a bind remount (MS_REMOUNT|MS_BIND) sets anew, whatever the mount had: each flag it is not given is cleared
+_REMOUNT_CLEARS = (_native.MOUNT_ATTR_RDONLY | _native.MOUNT_ATTR_NOSUID | _native.MOUNT_ATTR_NODEV
+                   | _native.MOUNT_ATTR_NOEXEC | _native.MOUNT_ATTR_NOSYMFOLLOW)
+_setattr = {"missing": False}  # the kernel lacks mount_setattr (before 5.12): learnt once, remount from then on
 
 
 def clone_source(host_path: str) -> int:
@@ -34,11 +40,34 @@ def clone_source(host_path: str) -> int:
         raise InjectionError(f"cannot open host file {host_path}: {exc.strerror}") from None
 
 
-def remount_flags(options: tuple[str, ...]) -> int:
+def _remount_flags(options: tuple[str, ...]) -> int:
     flags = _native.MS_REMOUNT | _native.MS_BIND
     for opt in options:
-        flags |= _OPTION_FLAGS.get(opt, 0)
+        flags |= _OPTION_FLAGS.get(opt, (0, 0))[0]
     return flags
+
+
+def set_options(fd: int, options: tuple[str, ...], private: bool) -> None:
+    """Give the mount that `fd` names exactly the flags `options` (a bind remount's result: ro, nosuid, nodev,
+    noexec as listed, the others cleared, atime kept), and with `private` no propagation: one mount_setattr(2)
+    call, or the two mount(2) calls (MS_PRIVATE, then the remount) through /proc/self/fd before Linux 5.12. By
+    descriptor: looking the path up again could land elsewhere in a hostile image. OSError as the kernel says."""
+    if not _setattr["missing"]:
+        wanted = 0
+        for opt in options:
+            wanted |= _OPTION_FLAGS.get(opt, (0, 0))[1]
+        try:
+            _native.mount_setattr(fd, "", _native.AT_EMPTY_PATH, wanted, _REMOUNT_CLEARS & ~wanted,
+                                  _native.MS_PRIVATE if private else 0)
+            return
+        except OSError as exc:
+            if exc.errno != errno.ENOSYS:
+                raise
+            _setattr["missing"] = True
+    top = f"/proc/self/fd/{fd}"
+    if private:
+        _native.mount(None, top, None, _native.MS_PRIVATE, None)
+    _native.mount(None, top, None, _remount_flags(options), None)
 
 
 def bind(rootfs: RootFS, tree_fd: int, container_path: str, options: tuple[str, ...]) -> None:
@@ -71,19 +100,16 @@ def bind_node(rootfs: RootFS, tree_fd: int, container_path: str, owner: tuple[in
 
 
 def _attach(tree_fd: int, target: int, container_path: str, options: tuple[str, ...]) -> None:
-    """move_mount the detached tree onto the `target` descriptor (closed here), then remount it with `options`."""
+    """move_mount the detached tree onto the `target` descriptor (closed here), then give it `options` and no
+    propagation (set_options through the tree's own descriptor, which now names the attached mount)."""
     try:
         _native.move_mount(tree_fd, "", target, "", _native.MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH)
     except OSError as exc:
         raise InjectionError(f"cannot mount {container_path} in container: {exc.strerror}") from None
     finally:
         os.close(target)
-    # Remount through the tree's own descriptor, which now names the attached mount: looking the path up again
-    # could land elsewhere in a hostile image, leaving this mount with the host's flags (read-write).
-    top = f"/proc/self/fd/{tree_fd}"
     try:
-        _native.mount(None, top, None, _native.MS_PRIVATE, None)
-        _native.mount(None, top, None, remount_flags(options), None)
+        set_options(tree_fd, options, private=True)
     except OSError as exc:
         raise InjectionError(f"cannot remount {container_path} ({','.join(options)}) in container: "
                              f"{exc.strerror}") from None
