@@ -407,6 +407,89 @@ def test_ldconfig_alarm_survives_the_confinement(tmp_path: Path, monkeypatch: py
         os.close(fd)
 
 
+def test_ldconfig_output_is_read_to_its_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An image whose library folder makes ldconfig warn for pages (2,000 `lib*.so.1` files that are no ELF:
+    ~200 KB, three pipe buffers) still gets its cache: the output is read to ldconfig's end, the tail kept,
+    rather than a first chunk read and ldconfig left blocked on a full pipe until its alarm."""
+    need_root()
+    rootfs = small_rootfs(tmp_path)
+    for i in range(2000):
+        (rootfs / MULTIARCH / f"libjunk{i}.so.1").write_bytes(b"a" * 200)
+    monkeypatch.setattr(ldcache, "LDCONFIG_TIMEOUT_S", 10)
+    run_ldconfig(rootfs, ["/" + MULTIARCH])
+    assert "libc.so.6" in {e.key for e in _native.read_ldcache(str(rootfs / "etc/ld.so.cache"))}
+
+
+def blocking_ldconfig(tmp_path: Path, rootfs: Path) -> int:
+    """A static program in ldconfig's place that blocks on the image's /fifo until it is killed (or its alarm)."""
+    need_tool("gcc")
+    src = tmp_path / "block.c"
+    src.write_text('#include <fcntl.h>\nint main(void) { return open("/fifo", O_RDONLY) < 0; }\n')
+    probe = tmp_path / "block"
+    if subprocess.run(["gcc", "-static", "-O1", "-o", str(probe), str(src)], capture_output=True).returncode:
+        pytest.skip("no static libc to build the probe with")
+    os.mkfifo(rootfs / "fifo")
+    return ldcache.open_ldconfig(str(probe))
+
+
+@pytest.mark.parametrize("disposable", [True, False])
+def test_work_beside_ldconfig_runs_in_the_callers_namespace(tmp_path: Path, disposable: bool) -> None:
+    """ldcache.running: the with-block runs while ldconfig does, in the caller's mount namespace (a disposable
+    caller left it for ldconfig's private view and came back), where a mount below the rootfs is writable as
+    the container has it (in the view it is read-only); ldconfig has written its cache once the block ends."""
+    need_root()
+    rootfs, volume = extras_rootfs(tmp_path)
+
+    def child() -> None:
+        mount_hostile_extras(rootfs, "own-mount", volume)
+        before = os.stat("/proc/self/ns/mnt").st_ino
+        fd = ldcache.open_ldconfig(f"@{LDCONFIG}")
+        try:
+            with RootFS(str(rootfs)) as root, ldcache.running(root, ["/" + MULTIARCH], fd, disposable):
+                assert os.stat("/proc/self/ns/mnt").st_ino == before
+                (rootfs / "data/written-beside").write_text("x")  # read-only in ldconfig's view
+        finally:
+            os.close(fd)
+        assert "libc.so.6" in {e.key for e in _native.read_ldcache(str(rootfs / "etc/ld.so.cache"))}
+
+    run_in_child(child)
+    assert (volume / "written-beside").read_text() == "x"
+
+
+@pytest.mark.parametrize("disposable", [True, False])
+def test_failed_work_beside_ldconfig_kills_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              disposable: bool) -> None:
+    """A with-block that fails (a device node refused) fails the start at once: ldconfig is killed and reaped,
+    not waited for (here it would block on a FIFO for its whole alarm), and the block's error is what is said."""
+    need_root()
+    rootfs = small_rootfs(tmp_path)
+    fd = blocking_ldconfig(tmp_path, rootfs)
+    monkeypatch.setattr(ldcache, "LDCONFIG_TIMEOUT_S", 60)
+
+    def ring(_signum: int, _frame: object) -> None:  # a regression must fail, not hang the suite
+        os.close(os.open(rootfs / "fifo", os.O_WRONLY | os.O_NONBLOCK))
+        raise AssertionError("ldconfig was waited for, not killed")
+
+    def child() -> None:
+        signal.signal(signal.SIGALRM, ring)
+        signal.alarm(15)
+        root = RootFS(str(rootfs))
+        try:
+            with pytest.raises(InjectionError, match="^the block's own failure$"), \
+                    ldcache.running(root, [], fd, disposable):
+                raise InjectionError("the block's own failure")
+        finally:
+            root.close()
+        signal.alarm(0)
+        with pytest.raises(ChildProcessError):
+            os.waitpid(-1, os.WNOHANG)  # nothing left to reap: ldconfig (and a forked helper) are gone
+
+    try:
+        run_in_child(child)
+    finally:
+        os.close(fd)
+
+
 def test_ldconfig_keeps_only_the_capabilities_it_needs() -> None:
     """The confinement's first steps, seen in /proc before the filter (which then refuses what is not listed)."""
     need_root()

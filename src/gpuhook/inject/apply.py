@@ -8,6 +8,7 @@ widened from the parent, on the host side.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 
@@ -112,21 +113,26 @@ def apply_in_namespace(
     node's host node, keyed by its container path, bound instead of made with mknod."""
     os.umask(0)
     with RootFS(rootfs_path, owner=userns_root) as root:
-        for node in edits.device_nodes:
-            if userns_root is None:
-                root.mknod(node.path, node.mode, node.major, node.minor, node.type)
-            else:
-                mounts.bind_node(root, sources[node.path], node.path, userns_root)
         for m in edits.mounts:
             mounts.bind(root, sources[m.container_path], m.container_path, m.options)
         for link in edits.symlinks:
             root.symlink(link.target, link.link)
-        _mask_proc(root, edits, proc_root)
-        os.umask(0o022)
-        if edits.ld_dirs:
-            # last: the process leaves the container's namespace for ldconfig's private view of it (a process
-            # that joined a container's namespace exists for that container alone: disposable)
-            cudacompat.update_ldcache(root, edits.ld_dirs, ldconfig_fd, edits.cuda_compat_driver, disposable=True)
+        # ldconfig needs the libraries and their links; the device nodes and /proc/driver/nvidia are made while it
+        # runs (a process that joined a container's namespace exists for that container alone: disposable)
+        with _ldconfig_running(root, edits, ldconfig_fd):
+            for node in edits.device_nodes:
+                if userns_root is None:
+                    root.mknod(node.path, node.mode, node.major, node.minor, node.type)
+                else:
+                    mounts.bind_node(root, sources[node.path], node.path, userns_root)
+            _mask_proc(root, edits, proc_root)
+
+
+def _ldconfig_running(root: RootFS, edits: ContainerEdits, ldconfig_fd: int) -> contextlib.AbstractContextManager[None]:
+    """cudacompat.running over the edits' ld folders; nothing where the edits have none."""
+    if not edits.ld_dirs:
+        return contextlib.nullcontext()
+    return cudacompat.running(root, edits.ld_dirs, ldconfig_fd, edits.cuda_compat_driver, disposable=True)
 
 
 def run_in_mount_namespace(pid: int, work: Callable[[], None], proc_root: str = "/proc", fork: bool = True) -> None:

@@ -13,9 +13,11 @@ outside the rootfs. One implementation for the prestart hook, the CDI spec's con
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import stat
+from collections.abc import Iterator
 
 from gpuhook.errors import InjectionError
 from gpuhook.inject import ldcache
@@ -67,12 +69,21 @@ def compat_folder(rootfs: RootFS, host_driver_version: str) -> str | None:
 
 def update_ldcache(rootfs: RootFS, folders: list[str], ldconfig_fd: int, host_driver_version: str,
                    disposable: bool = False) -> None:
-    """ldcache.update_ldcache (`disposable`: its), with the image's compat folder first when it is newer than the
-    host driver; under the image's lock (ldcache.image_lock), so concurrent starts of one image directory take
-    turns."""
+    """running() to ldconfig's end, with nothing to do meanwhile."""
+    with running(rootfs, folders, ldconfig_fd, host_driver_version, disposable):
+        pass
+
+
+@contextlib.contextmanager
+def running(rootfs: RootFS, folders: list[str], ldconfig_fd: int, host_driver_version: str,
+            disposable: bool = False) -> Iterator[None]:
+    """ldcache.running (`disposable` and the with-block: its), with the image's compat folder first when it is
+    newer than the host driver; under the image's lock (ldcache.image_lock), so concurrent starts of one image
+    directory take turns."""
     with ldcache.image_lock(rootfs):
         compat = compat_folder(rootfs, host_driver_version) if host_driver_version else None
         if compat is not None:
             rootfs.write_file(CONF_FILE, f"{compat}\n".encode())
             folders = [compat, *(f for f in folders if f != compat)]
-        ldcache.update_ldcache(rootfs, folders, ldconfig_fd, disposable)
+        with ldcache.running(rootfs, folders, ldconfig_fd, disposable):
+            yield

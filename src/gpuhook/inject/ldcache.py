@@ -309,10 +309,12 @@ def _start(rootfs: RootFS, ldconfig_fd: int, argv: list[str], out: int) -> int:
     sources) and no environment."""
     view = _private_view(rootfs)
     null = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)  # the host's, opened before leaving it
+    mask = os.umask(0o022)  # the cache and links as a default umask makes them, whatever the caller's
     try:
         return _native.spawn_confined(ldconfig_fd, view.fd, null, out, argv, LDCONFIG_CAPABILITIES,
                                       LDCONFIG_TIMEOUT_S)
     finally:
+        os.umask(mask)
         os.close(null)
         view.close()
 
@@ -376,10 +378,24 @@ def image_lock(rootfs: RootFS, timeout: float = LDCONFIG_TIMEOUT_S) -> Iterator[
 
 
 def update_ldcache(rootfs: RootFS, folders: list[str], ldconfig_fd: int, disposable: bool = False) -> None:
-    """Write the conf entry and run the host ldconfig (opened as `ldconfig_fd`) over the rootfs. `disposable`: the
-    caller is a process that exists for this one container (it joined the container's mount namespace, or is the
-    container's own createContainer hook) and may leave that namespace for ldconfig's private view (_start):
-    ldconfig then starts without a fork of the caller; otherwise a forked child takes that step."""
+    """Write the conf entry and run the host ldconfig (opened as `ldconfig_fd`) over the rootfs, to its end
+    (running()'s, with nothing to do meanwhile)."""
+    with running(rootfs, folders, ldconfig_fd, disposable):
+        pass
+
+
+OUTPUT_KEPT = 8192  # the tail of ldconfig's output kept for the one line of a failure
+
+
+@contextlib.contextmanager
+def running(rootfs: RootFS, folders: list[str], ldconfig_fd: int, disposable: bool = False) -> Iterator[None]:
+    """Write the conf entry, start the host ldconfig (opened as `ldconfig_fd`) over the rootfs, run the with-block
+    while it works, then wait for it and fail in one line if it failed; a with-block that raises has ldconfig
+    killed. `disposable`: the caller is a process that exists for this one container (it joined the container's
+    mount namespace, or is the container's own createContainer hook) and may leave that namespace for ldconfig's
+    private view (_start): ldconfig then starts without a fork of the caller, which comes back to its namespace
+    for the with-block; otherwise (or where /proc does not show that namespace) a forked child takes that step.
+    The with-block must not touch what ldconfig writes: the ld configuration, the cache, its folders' links."""
     os.close(rootfs.mkdirs("/etc"))
     known = configured_folders(rootfs)  # also refuses special files where ldconfig reads its configuration
     _check_cache_tmp(rootfs)
@@ -387,18 +403,29 @@ def update_ldcache(rootfs: RootFS, folders: list[str], ldconfig_fd: int, disposa
     if folders:
         write_conf(rootfs, folders, known)
     argv = ldconfig_argv(folders)
+    back = _namespace() if disposable else -1
     r, w = os.pipe()
     try:
-        pid = (_start if disposable else _start_from_child)(rootfs, ldconfig_fd, argv, w)
-    except (OSError, GpuhookError) as exc:
-        raise InjectionError(f"ldconfig failed in container: {_start_failure(exc)}") from None
+        try:
+            pid = (_start if back >= 0 else _start_from_child)(rootfs, ldconfig_fd, argv, w)
+        except (OSError, GpuhookError) as exc:
+            os.close(r)
+            raise InjectionError(f"ldconfig failed in container: {_start_failure(exc)}") from None
+        finally:
+            os.close(w)
+        if back >= 0:
+            _native.setns(back, _native.CLONE_NEWNS)  # the with-block's work is in the container's namespace
+        try:
+            yield
+        except BaseException:
+            os.kill(pid, signal.SIGKILL)
+            _finish(r, pid)
+            raise
     finally:
-        os.close(w)
-    with os.fdopen(r, "rb") as pipe:
-        output = pipe.read(8192).decode(errors="replace").strip()
-    _, status = os.waitpid(pid, 0)
+        if back >= 0:
+            os.close(back)
+    output, code = _finish(r, pid)
     rootfs.forget_dirs()  # ldconfig replaced links in the image
-    code = os.waitstatus_to_exitcode(status)
     if code == -signal.SIGALRM:
         raise InjectionError(f"ldconfig did not finish in {LDCONFIG_TIMEOUT_S}s in container (a FIFO in the image?)")
     if code == 0 and rootfs.owner is not None:  # the cache ldconfig (as root) wrote goes to the container's root
@@ -415,6 +442,28 @@ def update_ldcache(rootfs: RootFS, folders: list[str], ldconfig_fd: int, disposa
         last = output.splitlines()[-1] if output else f"exit status {code}"
         # ldconfig names the image's files in its warnings: clipped, control characters escaped
         raise InjectionError(f"ldconfig failed in container: {clip(last, quote=False)}")
+
+
+def _namespace() -> int:
+    """A descriptor of the caller's mount namespace, to come back to from ldconfig's view; -1 where /proc does
+    not show it."""
+    try:
+        return os.open("/proc/thread-self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return -1
+
+
+def _finish(r: int, pid: int) -> tuple[str, int]:
+    """ldconfig's output (read to its end, so a flood of warnings never blocks it; the last OUTPUT_KEPT bytes
+    kept) and exit code, once it ended; `r` is closed."""
+    tail = b""
+    try:
+        while chunk := os.read(r, 65536):
+            tail = (tail + chunk)[-OUTPUT_KEPT:]
+    finally:
+        os.close(r)
+    _, status = os.waitpid(pid, 0)
+    return tail.decode(errors="replace").strip(), os.waitstatus_to_exitcode(status)
 
 
 def host_ldconfig(path: str) -> str:
