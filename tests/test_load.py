@@ -39,12 +39,23 @@ PROBE = ("echo NODES $(ls /dev | grep nvidia | sort | tr '\\n' ' '); "
          "echo DRIVER $(grep -c '/libcuda.so' /proc/self/mountinfo)")
 
 
+def _is_spare(proc: psutil.Process) -> bool:
+    """A child of the session's `gpuhook service` (service mode): its spare, forked ahead of the next start and
+    replaced after each one (server.py), whose pid changes with every GPU start by design."""
+    try:
+        parent = proc.parent()
+        argv = parent.cmdline() if parent is not None else []
+    except psutil.Error:
+        return False
+    return "service" in argv and "--socket" in argv
+
+
 def snapshot() -> dict[str, object]:
     me = psutil.Process()
     return {
         "mounts": hostile.host_mounts(),
         "fds": sorted(os.listdir("/proc/self/fd")),
-        "children": sorted(p.pid for p in me.children(recursive=True)),
+        "children": sorted(p.pid for p in me.children(recursive=True) if not _is_spare(p)),
     }
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import stat
@@ -669,3 +670,151 @@ def test_a_served_command_sees_the_clients_cwd_and_environment(in_process: Any) 
         del os.environ["CUDA_MPS_PIPE_DIRECTORY"]
     assert seen == [(["-o", "x"], "/client", "/client/bin", None)] and answer == (3, "said\n", b"spec")
     assert Forks.count == 0  # answered by the resident process itself
+
+
+# --- the spare: the next start's child, forked ahead while the service is idle ------------------------------------
+
+
+def _dead_process_start(service: Any, root_tmp: Path, cid: str, taken: list[int] | None = None) -> tuple[int, str]:
+    """A GPU start planned by the parent and failed by whoever takes it over, at its first step (the state's pid
+    names a process gone since, and no /proc/<pid> descriptor came to vet it before): the log says who did it."""
+    gone = subprocess.Popen(["sleep", "30"])
+    gone.kill()
+    gone.wait()
+    body = state(plain_bundle(root_tmp, ["NVIDIA_VISIBLE_DEVICES=all"]), cid=cid, pid=gone.pid)
+    client, server = _pair()
+    with client, server:
+        protocol.send_request(client, ["--config", str(root_tmp / "config.toml")], body)
+        service.serve_one(server)
+        server.close()
+        took = list(service.children)
+        (taken if taken is not None else []).extend(took)
+        assert took
+        while set(took) & set(service.children):  # the child answers and ends; reaped, its connection's last
+            service.reap(block=True)  # copy here is closed (a dead spare may be reaped first)
+        return protocol.recv_answer(client)[:2]
+
+
+def test_a_start_is_handed_to_the_spare_and_answered_by_it(in_process: Any, root_tmp: Path) -> None:
+    """With a spare waiting, a start that touches a container is handed over (its connection and /proc/<pid>
+    descriptor): no fork at that moment, the spare recorded as the start's child, its answer the one the fork path
+    gives for the same request; the spare is used up."""
+    in_process._fork_spare()
+    assert Forks.count == 1 and in_process.spare is not None
+    spare_pid = in_process.spare[0]
+    assert psutil.Process(spare_pid).ppid() == os.getpid()
+    taken: list[int] = []
+    code, line = _dead_process_start(in_process, root_tmp, "spare", taken)
+    assert Forks.count == 1, "the parent forked although a spare was waiting"
+    assert in_process.spare is None and spare_pid in taken
+    forked = _dead_process_start(in_process, root_tmp, "forked")  # no spare now: a child forked for it
+    assert Forks.count == 2
+    same = [re.sub(r"/proc/[0-9]+/", "/proc/N/", text) for text in (line, forked[1])]
+    assert code == forked[0] == 1 and same[0] == same[1] and "/proc/N/cgroup" in same[0], (line, forked)
+    log = (root_tmp / "gpuhook.log").read_text()
+    assert " spare error: " in log and " forked error: " in log
+
+
+def test_a_spare_that_died_leaves_the_start_to_a_fork(in_process: Any, root_tmp: Path) -> None:
+    """A spare killed while waiting (not yet reaped): the hand-off cannot go, so the parent forks for the start,
+    which is done once; a spare that dies waiting is reaped, and the next one waits SPARE_RETRY_S."""
+    import signal
+
+    from gpuhook.service import server
+
+    in_process._fork_spare()
+    pid = in_process.spare[0]
+    os.kill(pid, signal.SIGKILL)
+    _until_zombie(pid)
+    code, line = _dead_process_start(in_process, root_tmp, "handoff-failed")
+    assert Forks.count == 2 and in_process.spare is None
+    while in_process.spent:
+        in_process.reap(block=True)
+    assert code == 1 and line.startswith("gpuhook-hook: "), line
+    assert (root_tmp / "gpuhook.log").read_text().count(" handoff-failed error: ") == 1
+    assert not in_process.spent and not in_process.children
+
+    in_process._fork_spare()
+    pid = in_process.spare[0]
+    os.kill(pid, signal.SIGKILL)
+    _until_zombie(pid)
+    before = time.monotonic()
+    in_process.reap()
+    assert in_process.spare is None and in_process.spare_after >= before + server.SPARE_RETRY_S
+
+
+def _until_zombie(pid: int) -> None:
+    deadline = time.monotonic() + 10
+    while psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, f"process {pid} did not die"
+        time.sleep(0.01)
+
+
+def test_own_pages_makes_a_forked_child_own_what_it_shared(tmp_path: Path) -> None:
+    """_native.own_pages in a forked child: the pages it shared with its parent become its own (Private_Dirty
+    grows by about what it touched), and a readable stop descriptor ends it after its first batch."""
+    from gpuhook import _native
+
+    def private_kb() -> int:
+        with open("/proc/self/smaps_rollup", encoding="ascii") as f:
+            return sum(int(line.split()[1]) for line in f if line.startswith("Private_Dirty:"))
+
+    result = tmp_path / "result"
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            before = private_kb()
+            touched = _native.own_pages()
+            grown = private_kb() - before
+            r, w = os.pipe()
+            os.write(w, b"x")
+            early = _native.own_pages(r)
+            result.write_text(f"{touched} {grown} {early}")
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    touched, grown, early = map(int, result.read_text().split())
+    page_kb = os.sysconf("SC_PAGE_SIZE") // 1024
+    assert touched > 500 and grown >= touched * page_kb // 2, (touched, grown)
+    assert 0 < early <= 512 and early < touched
+
+
+@pytest.mark.e2e
+def test_the_running_service_keeps_a_spare_and_replaces_it_after_each_start(native: Path, root_tmp: Path,
+                                                                           fake_driver: Any) -> None:
+    """The real service: idle, it has one child waiting (the spare); a GPU start through the native entry is
+    done by that very child (it is gone after, and the container is the fallback's), and a new spare waits again;
+    at stop no child is left."""
+    need_tool("runc")
+    need_busybox()
+    config = write_config(root_tmp, Path(fake_driver.root))
+    env = ["NVIDIA_VISIBLE_DEVICES=1"]
+    fallback = _runc_start(root_tmp, native, config, root_tmp / "run" / "service.sock", env, "fallback")
+    running = start_service(root_tmp, config)
+    try:
+        service = psutil.Process(running.proc.pid)
+        first = _one_waiting_child(service)
+        no_fallback(native, root_tmp / "fallback-ran")
+        served = _runc_start(root_tmp, native, config, running.sock, env, "served")
+        assert served.returncode == 0, served.stderr
+        assert not psutil.pid_exists(first) or psutil.Process(first).status() == psutil.STATUS_ZOMBIE
+        second = _one_waiting_child(service)
+        assert second != first
+    finally:
+        running.stop()
+    assert served.stdout == fallback.stdout and "nvidia1" in nodes(served.stdout)
+    assert not psutil.pid_exists(second) or psutil.Process(second).status() == psutil.STATUS_ZOMBIE
+
+
+def _one_waiting_child(service: psutil.Process) -> int:
+    """The pid of the service's one child, once it has exactly one (the spare, forked when idle)."""
+    deadline = time.monotonic() + 10
+    while True:
+        children = [c for c in service.children() if c.status() != psutil.STATUS_ZOMBIE]
+        if len(children) == 1:
+            return children[0].pid
+        assert time.monotonic() < deadline, f"the idle service has children {children}, not one spare"
+        time.sleep(0.02)

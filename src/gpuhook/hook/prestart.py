@@ -102,12 +102,12 @@ def run(state_text: bytes, config: Config, before_inject: Callable[[int], int | 
         from gpuhook.errors import InjectionError
 
         raise InjectionError("OCI state has no pid: run gpuhook-hook at the prestart or createRuntime stage")
-    recorded = ""
-    if request.cdi_ignored:  # the device plugin's record (hook/cdiignored.py), from the host, before injecting
+    via_fd = before_inject(state.pid) if before_inject is not None else None
+    recorded = ""  # written by whoever injects (the service's child: its spare decides again up to before_inject,
+    if request.cdi_ignored:  # so nothing before that point may have effects); from the host, before injecting
         from gpuhook.hook.cdiignored import note
 
         recorded = note(config.state_dir, state.id, request.cdi_ignored)
-    via_fd = before_inject(state.pid) if before_inject is not None else None
     return f"{state.id} " + _inject(config, state.pid, bundle.rootfs, planned, before_inject is not None, via_fd) \
         + notes + recorded
 

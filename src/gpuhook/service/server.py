@@ -8,7 +8,13 @@ Safety rules (README "The hook service"):
   before_inject), which only reads and is bounded, so a container without a GPU request costs one round trip;
 - each start that touches a container runs in a child forked for it, which joins that container's mount
   namespace itself, so nothing one container does reaches the next; the parent has no threads, so forking it is
-  safe;
+  safe. While the service is idle one such child is forked ahead (the spare) and waits on a socket pair; the
+  next prestart start that touches a container (its runtime in our mount namespace) is handed to it (its
+  connection and descriptors over SCM_RIGHTS, the request and the plan made for it), which spares that start
+  the fork. The spare reads the state, config.json
+  and the request again (nothing before the plan has an effect: hook/prestart.run) and takes the plan as made
+  here, so a spare forked before a change of config or driver does what the parent decided now; a hand-off
+  that fails leaves the request with the parent, which forks for it;
 - a child keeps running when the parent dies: an accepted request is answered (the client never retries it).
 """
 
@@ -46,6 +52,8 @@ if TYPE_CHECKING:
 
 MAX_PLANS = 256  # remembered plans (service.plan); then the memo starts over
 MAX_CHILDREN = 64  # requests in flight; one more waits for a child to end
+SPARE_MESSAGE = 256 << 10  # the largest request handed to the spare (a bigger state: the parent forks for it)
+SPARE_RETRY_S = 5.0  # a spare that died waiting is forked again this much later, never in a loop
 STOP_WAIT_S = 10.0  # on SIGTERM, how long to let running children finish before exiting anyway
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 # What every start needs, imported once here instead of in each forked child.
@@ -209,6 +217,9 @@ class Service:
             cache.inventory(config.roots(), config.inventory_cache)  # (a failure is the first start's to word)
         self.commands = dict(commands or {})
         self.children: dict[int, socket.socket] = {}  # pid -> its client's connection, kept to word a death
+        self.spare: tuple[int, socket.socket] | None = None  # the child forked ahead, and our end of its socket pair
+        self.spent: set[int] = set()  # spares let go (their socket closed) and not reaped yet
+        self.spare_after = 0.0  # time.monotonic() before which no spare is forked (one died waiting)
         self._wakeup: tuple[int, int] | None = None  # SIGCHLD's self-pipe (signal.set_wakeup_fd)
         self.listener: socket.socket | None = None
         self.bound = False
@@ -270,6 +281,8 @@ class Service:
         poller.register(self._wakeup[0], select.POLLIN)
         print(f"gpuhook service: listening on {self.socket_path}", file=sys.stderr, flush=True)
         while not self.stopping:
+            if self.spare is None and not self.children and time.monotonic() >= self.spare_after:
+                self._fork_spare()  # idle: the next start's child, forked ahead
             ready = {fd for fd, _ in poller.poll(1000)}
             if self._wakeup[0] in ready:
                 with contextlib.suppress(BlockingIOError):
@@ -298,6 +311,7 @@ class Service:
                     os.unlink(self.socket_path)
             self.listener.close()
             self.listener = None
+        self._let_spare_go()
         deadline = time.monotonic() + STOP_WAIT_S
         while self.children and time.monotonic() < deadline:
             self.reap()
@@ -309,16 +323,25 @@ class Service:
         """waitpid every child that ended (WNOHANG); with `block`, wait for one first. A child killed before it
         answered (a signal: it answers, then exits) gets its start answered here, in one line."""
         flags = 0 if block else os.WNOHANG
-        while self.children:
+        while self.children or self.spare is not None or self.spent:
             try:
                 pid, status = os.waitpid(-1, flags)
             except ChildProcessError:
                 for conn in self.children.values():
                     conn.close()
                 self.children.clear()
+                self.spent.clear()
+                if self.spare is not None:
+                    self.spare[1].close()
+                    self.spare = None
                 return
             if pid == 0:
                 return
+            self.spent.discard(pid)
+            if self.spare is not None and pid == self.spare[0]:  # died waiting: forked again, not at once
+                self.spare[1].close()
+                self.spare = None
+                self.spare_after = time.monotonic() + SPARE_RETRY_S
             conn = self.children.pop(pid, None)
             if conn is not None:
                 if os.WIFSIGNALED(status):
@@ -340,6 +363,95 @@ class Service:
         else:
             self._enter_child()
         return pid
+
+    def _fork_spare(self) -> None:
+        """Fork the child for the next start ahead of it (self.spare); it waits for _hand_over. Nothing where
+        the fork fails: the next start forks for itself."""
+        parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        gc.freeze()
+        try:
+            pid = os.fork()
+        except OSError:
+            parent_end.close()
+            child_end.close()
+            return
+        if pid:
+            child_end.close()
+            self.spare = (pid, parent_end)
+            return
+        parent_end.close()
+        self._enter_child()
+        self._serve_as_spare(child_end)
+
+    def _let_spare_go(self) -> None:
+        """Close the spare's socket (it sees the end and exits: reaped as spent); the spare is no more."""
+        if self.spare is not None:
+            pid, sock = self.spare
+            self.spare = None
+            sock.close()
+            self.spent.add(pid)
+
+    def _hand_over(self, conn: socket.socket, request: protocol.Request, start: float, planned: Planned) -> bool:
+        """Give this start and its plan as made here to the spare (True: it answers `conn` from here on, recorded
+        as a child), or leave it here (False: no spare, or the message could not go, whole or not at all: a
+        SOCK_SEQPACKET). Either way the spare is used up. The plan goes along because planning may change what
+        the next planning sees (a refused inventory cache replaced by a scan, noted once)."""
+        if self.spare is None:
+            return False
+        import pickle
+
+        pid, sock = self.spare
+        message = pickle.dumps((request.argv, request.config_env, request.state, start, request.pid_fd is not None,
+                                planned), protocol=pickle.HIGHEST_PROTOCOL)
+        fds = [conn.fileno()] + ([request.pid_fd] if request.pid_fd is not None else [])
+        sent = False
+        if len(message) <= SPARE_MESSAGE:
+            try:
+                sent = socket.send_fds(sock, [message], fds) == len(message)
+            except OSError:
+                sent = False
+        if not sent:
+            self._let_spare_go()
+            return False
+        self.spare = None
+        sock.close()
+        self.children[pid] = conn.dup()
+        return True
+
+    def _serve_as_spare(self, sock: socket.socket) -> None:
+        """In the spare: wait for the one start handed over (_hand_over), then run it as a child forked for it
+        would (prestart.handle with the parent's plan: reading the state, config.json and the request again,
+        which has no effect, then this process joining the container), answer and exit; exit at once when the
+        parent lets it go (the socket's end) or sends nothing usable."""
+        import pickle
+
+        from gpuhook import _native
+
+        with contextlib.suppress(OSError):  # while idle, the copy-on-write faults the start would pay (a few ms)
+            _native.own_pages(sock.fileno())
+        try:
+            message, fds, _flags, _addr = socket.recv_fds(sock, SPARE_MESSAGE, 2)
+        except OSError:
+            os._exit(0)
+        sock.close()
+        if not message or not fds:
+            os._exit(0)
+        conn = socket.socket(fileno=fds[0])
+        code = 1
+        try:
+            argv, config_env, state, start, with_pid_fd, planned = pickle.loads(message)
+            pid_fd = fds[1] if with_pid_fd and len(fds) > 1 else None
+            vet = functools.partial(check_pid_fd, pid_fd=pid_fd)
+            config_path = prestart.config_path_for(argv, config_env)
+            code, line = prestart.handle(config_path, lambda: state, start, load=self.load, before_inject=vet,
+                                         plan=lambda _config, _request: planned)
+            self._answer(conn, code, line)
+        except SystemExit as exc:
+            code = self._answer_exit(conn, exc)
+        except BaseException as exc:  # noqa: BLE001 - a child must never return into the accept loop
+            self._answer(conn, 1, f"gpuhook-hook: service: {render(exc)}")
+        finally:
+            os._exit(0 if code == 0 else 1)
 
     def serve_one(self, conn: socket.socket) -> None:
         """One connection, answered here up to the plan (a container without a GPU request costs this round trip
@@ -379,11 +491,16 @@ class Service:
             self._serve_in_child(conn, request, client_ns, start, vet)
             return
         child = False
+        planned: list[Planned] = []  # this start's plan, which a spare takes as made here
+
+        def plan(config: Config, request: Request) -> Planned:
+            planned.append(self.plan(config, request))
+            return planned[-1]
 
         def fork_for_injection(pid: int) -> int | None:
             nonlocal child
             via_fd = vet(pid)
-            if self._fork(conn):
+            if self._hand_over(conn, request, start, planned[-1]) or self._fork(conn):
                 raise _Forked
             child = True  # a disposable process from here on: it joins the container's mount namespace itself
             return via_fd
@@ -395,7 +512,7 @@ class Service:
                 self._answer_exit(conn, exc)
                 return
             code, line = prestart.handle(config_path, lambda: request.state, start, load=self.load,
-                                         before_inject=fork_for_injection, plan=self.plan)
+                                         before_inject=fork_for_injection, plan=plan)
             self._answer(conn, code, line)
             if child:
                 os._exit(0 if code == 0 else 1)
@@ -484,6 +601,9 @@ class Service:
             self.listener.close()
         for conn in self.children.values():  # other starts' connections: theirs to answer
             conn.close()
+        if self.spare is not None:  # the spare's socket: the parent's to hand over on
+            self.spare[1].close()
+            self.spare = None
 
     @classmethod
     def _answer_exit(cls, conn: socket.socket, exc: SystemExit) -> int:
