@@ -381,16 +381,9 @@ def test_ldconfig_alarm_survives_the_confinement(tmp_path: Path, monkeypatch: py
     """The alarm that ends an ldconfig blocked on an image's FIFO is set before the seccomp filter (which does
     not allow alarm()): a static program in ldconfig's place that opens a FIFO is stopped, not waited for."""
     need_root()
-    need_tool("gcc")
-    src = tmp_path / "block.c"
-    src.write_text('#include <fcntl.h>\nint main(void) { return open("/fifo", O_RDONLY) < 0; }\n')
-    probe = tmp_path / "block"
-    if subprocess.run(["gcc", "-static", "-O1", "-o", str(probe), str(src)], capture_output=True).returncode:
-        pytest.skip("no static libc to build the probe with")
     rootfs = small_rootfs(tmp_path)
-    os.mkfifo(rootfs / "fifo")
+    fd = blocking_ldconfig(tmp_path, rootfs)
     monkeypatch.setattr(ldcache, "LDCONFIG_TIMEOUT_S", 1)
-    fd = ldcache.open_ldconfig(str(probe))
 
     def ring(_signum: int, _frame: object) -> None:  # a regression must fail, not hang the suite
         os.close(os.open(rootfs / "fifo", os.O_WRONLY | os.O_NONBLOCK))  # releases the blocked child

@@ -39,6 +39,7 @@ from gpuhook.service import protocol
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
+    from typing import NoReturn
 
     from gpuhook.hook.plan import Planned
     from gpuhook.inject.containerhooks import HookArgs
@@ -436,15 +437,24 @@ class Service:
         sock.close()
         if not message or not fds:
             os._exit(0)
-        conn = socket.socket(fileno=fds[0])
-        code = 1
-        try:
+
+        def start_handed_over() -> tuple[int, str]:
             argv, config_env, state, start, with_pid_fd, planned = pickle.loads(message)
             pid_fd = fds[1] if with_pid_fd and len(fds) > 1 else None
             vet = functools.partial(check_pid_fd, pid_fd=pid_fd)
             config_path = prestart.config_path_for(argv, config_env)
-            code, line = prestart.handle(config_path, lambda: state, start, load=self.load, before_inject=vet,
-                                         plan=lambda _config, _request: planned)
+            return prestart.handle(config_path, lambda: state, start, load=self.load, before_inject=vet,
+                                   plan=lambda _config, _request: planned)
+
+        self._finish_in_child(socket.socket(fileno=fds[0]), start_handed_over)
+
+    def _finish_in_child(self, conn: socket.socket, call: Callable[[], tuple[int, str]]) -> NoReturn:
+        """In a child: run `call` (one whole start: its exit status and line), answer it on `conn` and exit with
+        that status; a bad argv (SystemExit) and any failure are answered in one line too. A child never
+        returns into the accept loop."""
+        code = 1
+        try:
+            code, line = call()
             self._answer(conn, code, line)
         except SystemExit as exc:
             code = self._answer_exit(conn, exc)
@@ -564,8 +574,8 @@ class Service:
             if request.pid_fd is not None:
                 os.close(request.pid_fd)
             return
-        code = 1
-        try:
+
+        def whole_call() -> tuple[int, str]:
             if client_ns is not None:
                 from gpuhook import _native
 
@@ -575,18 +585,11 @@ class Service:
                 from gpuhook.errors import outcome
                 from gpuhook.inject.containerhooks import run_hook
 
-                code, line = outcome(lambda: run_hook(cdi, request.state))
-                self._answer(conn, code, line)
-                return
+                return outcome(lambda: run_hook(cdi, request.state))
             config_path = prestart.config_path_for(request.argv, request.config_env)
-            code, line = prestart.handle(config_path, lambda: request.state, start, before_inject=vet)
-            self._answer(conn, code, line)
-        except SystemExit as exc:
-            code = self._answer_exit(conn, exc)
-        except BaseException as exc:  # noqa: BLE001 - a child must never return into the accept loop
-            self._answer(conn, 1, f"gpuhook-hook: service: {render(exc)}")
-        finally:
-            os._exit(0 if code == 0 else 1)
+            return prestart.handle(config_path, lambda: request.state, start, before_inject=vet)
+
+        self._finish_in_child(conn, whole_call)
 
     def _enter_child(self) -> None:
         """In the forked child: one start, then exit, so no collector, no signal handlers, no listener."""
