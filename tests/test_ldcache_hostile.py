@@ -119,11 +119,17 @@ def small_rootfs(tmp_path: Path) -> Path:
     return rootfs
 
 
+def update_ldcache(root: RootFS, folders: list[str], fd: int) -> None:
+    """ldcache.running to ldconfig's end, nothing done beside it, from a forked child (not disposable)."""
+    with ldcache.running(root, folders, fd):
+        pass
+
+
 def run_ldconfig(rootfs: Path, folders: list[str]) -> None:
     fd = ldcache.open_ldconfig(f"@{LDCONFIG}")
     try:
         with RootFS(str(rootfs)) as root:
-            ldcache.update_ldcache(root, folders, fd)
+            update_ldcache(root, folders, fd)
     finally:
         os.close(fd)
 
@@ -326,7 +332,7 @@ def test_ldconfig_must_be_static(tmp_path: Path) -> None:
     fd = os.open(dynamic, os.O_RDONLY)  # the guard before the fork, for a descriptor from anywhere
     try:
         with RootFS(str(small_rootfs(tmp_path))) as root, pytest.raises(InjectionError, match="dynamically"):
-            ldcache.update_ldcache(root, [], fd)
+            update_ldcache(root, [], fd)
     finally:
         os.close(fd)
 
@@ -370,7 +376,7 @@ def test_ldconfig_runs_confined(tmp_path: Path) -> None:
     fd = ldcache.open_ldconfig(str(probe))
     try:
         with RootFS(str(small_rootfs(tmp_path))) as root, pytest.raises(InjectionError) as failed:
-            ldcache.update_ldcache(root, [], fd)
+            update_ldcache(root, [], fd)
     finally:
         os.close(fd)
         os.close(leak)
@@ -393,7 +399,7 @@ def test_ldconfig_alarm_survives_the_confinement(tmp_path: Path, monkeypatch: py
     signal.alarm(15)
     try:
         with RootFS(str(rootfs)) as root, pytest.raises(InjectionError, match="did not finish in 1s"):
-            ldcache.update_ldcache(root, [], fd)
+            update_ldcache(root, [], fd)
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)

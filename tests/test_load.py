@@ -39,7 +39,7 @@ PROBE = ("echo NODES $(ls /dev | grep nvidia | sort | tr '\\n' ' '); "
          "echo DRIVER $(grep -c '/libcuda.so' /proc/self/mountinfo)")
 
 
-def _is_spare(proc: psutil.Process) -> bool:
+def _of_the_service(proc: psutil.Process) -> bool:
     """A child of the session's `gpuhook service` (service mode): its spare, forked ahead of the next start and
     replaced after each one (server.py), whose pid changes with every GPU start by design."""
     try:
@@ -55,7 +55,7 @@ def snapshot() -> dict[str, object]:
     return {
         "mounts": hostile.host_mounts(),
         "fds": sorted(os.listdir("/proc/self/fd")),
-        "children": sorted(p.pid for p in me.children(recursive=True) if not _is_spare(p)),
+        "children": sorted(p.pid for p in me.children(recursive=True) if not _of_the_service(p)),
     }
 
 

@@ -675,9 +675,10 @@ def test_a_served_command_sees_the_clients_cwd_and_environment(in_process: Any) 
 # --- the spare: the next start's child, forked ahead while the service is idle ------------------------------------
 
 
-def _dead_process_start(service: Any, root_tmp: Path, cid: str, taken: list[int] | None = None) -> tuple[int, str]:
+def _dead_process_start(service: Any, root_tmp: Path, cid: str) -> tuple[int, str, list[int]]:
     """A GPU start planned by the parent and failed by whoever takes it over, at its first step (the state's pid
-    names a process gone since, and no /proc/<pid> descriptor came to vet it before): the log says who did it."""
+    names a process gone since, and no /proc/<pid> descriptor came to vet it before): the answer, and the child
+    (spare or forked) that took it."""
     gone = subprocess.Popen(["sleep", "30"])
     gone.kill()
     gone.wait()
@@ -688,29 +689,28 @@ def _dead_process_start(service: Any, root_tmp: Path, cid: str, taken: list[int]
         service.serve_one(server)
         server.close()
         took = list(service.children)
-        (taken if taken is not None else []).extend(took)
         assert took
         while set(took) & set(service.children):  # the child answers and ends; reaped, its connection's last
             service.reap(block=True)  # copy here is closed (a dead spare may be reaped first)
-        return protocol.recv_answer(client)[:2]
+        code, line, _ = protocol.recv_answer(client)
+        return code, line, took
 
 
 def test_a_start_is_handed_to_the_spare_and_answered_by_it(in_process: Any, root_tmp: Path) -> None:
-    """With a spare waiting, a start that touches a container is handed over (its connection and /proc/<pid>
-    descriptor): no fork at that moment, the spare recorded as the start's child, its answer the one the fork path
+    """With a spare waiting, a start that touches a container is handed over (its connection, the request and the
+    plan): no fork at that moment, the spare recorded as the start's child, its answer the one the fork path
     gives for the same request; the spare is used up."""
     in_process._fork_spare()
     assert Forks.count == 1 and in_process.spare is not None
     spare_pid = in_process.spare[0]
     assert psutil.Process(spare_pid).ppid() == os.getpid()
-    taken: list[int] = []
-    code, line = _dead_process_start(in_process, root_tmp, "spare", taken)
+    code, line, took = _dead_process_start(in_process, root_tmp, "spare")
     assert Forks.count == 1, "the parent forked although a spare was waiting"
-    assert in_process.spare is None and spare_pid in taken
-    forked = _dead_process_start(in_process, root_tmp, "forked")  # no spare now: a child forked for it
+    assert in_process.spare is None and took == [spare_pid]
+    forked_code, forked_line, _ = _dead_process_start(in_process, root_tmp, "forked")  # no spare: a fork for it
     assert Forks.count == 2
-    same = [re.sub(r"/proc/[0-9]+/", "/proc/N/", text) for text in (line, forked[1])]
-    assert code == forked[0] == 1 and same[0] == same[1] and "/proc/N/cgroup" in same[0], (line, forked)
+    same = [re.sub(r"/proc/[0-9]+/", "/proc/N/", text) for text in (line, forked_line)]
+    assert code == forked_code == 1 and same[0] == same[1] and "/proc/N/cgroup" in same[0], (line, forked_line)
     log = (root_tmp / "gpuhook.log").read_text()
     assert " spare error: " in log and " forked error: " in log
 
@@ -726,8 +726,8 @@ def test_a_spare_that_died_leaves_the_start_to_a_fork(in_process: Any, root_tmp:
     pid = in_process.spare[0]
     os.kill(pid, signal.SIGKILL)
     _until_zombie(pid)
-    code, line = _dead_process_start(in_process, root_tmp, "handoff-failed")
-    assert Forks.count == 2 and in_process.spare is None
+    code, line, took = _dead_process_start(in_process, root_tmp, "handoff-failed")
+    assert Forks.count == 2 and in_process.spare is None and took != [pid]
     while in_process.spent:
         in_process.reap(block=True)
     assert code == 1 and line.startswith("gpuhook-hook: "), line

@@ -103,8 +103,8 @@ def run(state_text: bytes, config: Config, before_inject: Callable[[int], int | 
 
         raise InjectionError("OCI state has no pid: run gpuhook-hook at the prestart or createRuntime stage")
     via_fd = before_inject(state.pid) if before_inject is not None else None
-    recorded = ""  # written by whoever injects (the service's child: its spare decides again up to before_inject,
-    if request.cdi_ignored:  # so nothing before that point may have effects); from the host, before injecting
+    recorded = ""  # written by whoever injects (the service's spare runs this function again up to before_inject,
+    if request.cdi_ignored:  # so nothing before that point may have an effect); from the host, before injecting
         from gpuhook.hook.cdiignored import note
 
         recorded = note(config.state_dir, state.id, request.cdi_ignored)

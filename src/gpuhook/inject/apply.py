@@ -1,9 +1,9 @@
 """Apply ContainerEdits to a starting container from a prestart hook.
 
 Host files (mount sources, ldconfig) are opened by descriptor in the hook's own namespace; a forked child
-then joins the container's mount namespace once (the hook process itself never switches), creates nodes,
-mounts, links and the ld cache there, and reports one line back through a pipe. The device cgroup is
-widened from the parent, on the host side.
+then joins the container's mount namespace once (the hook process itself never switches), makes the mounts
+and links there, then the ld cache with the device nodes made while ldconfig runs, and reports one line back
+through a pipe. The device cgroup is widened from the parent, on the host side.
 """
 
 from __future__ import annotations

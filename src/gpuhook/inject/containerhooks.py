@@ -39,7 +39,7 @@ def update_container(rootfs_path: str, links: Iterable[tuple[str, str]], folders
     device's /dev/dri/by-path link when the runtime gave that device's node).
     With `host_driver_version`, an image's newer CUDA compat libcuda goes first (inject/cudacompat.py). With
     `owner` (run_hook: the host ids of the container's root in its own user namespace), what is created belongs
-    to the container's root. `disposable`: ldcache.update_ldcache's (this process exists for this container)."""
+    to the container's root. `disposable`: ldcache.running's (this process exists for this container)."""
     from gpuhook.inject.rootfs import RootFS
 
     fd = -1
@@ -122,7 +122,7 @@ def run_hook(parsed: HookArgs, state_text: bytes) -> None:
     rootfs from config.json through oci.bundle (the one parser of both inputs, the state parsed once). The
     state's pid is the container's init process at createContainer: with its own user namespace, what is
     created is given to the host ids of its root. Its caller is that hook's own process (the CLI's, or the
-    service's child for it), which exists for this one call: disposable (ldcache.update_ldcache)."""
+    service's child for it), which exists for this one call: disposable (ldcache.running)."""
     from gpuhook.inject.apply import user_namespace_root
     from gpuhook.oci.bundle import load_bundle, parse_state
 

@@ -1,17 +1,18 @@
 """Rebuild a container's ld cache with the host's ldconfig, never the image's binaries or environment.
 
-The caller is already in the container's mount namespace. ldconfig runs in a forked child that first takes
-a private copy of that namespace, remounts everything in the rootfs `nodev` (ldconfig runs outside the
-container's device cgroup: an image's device node, reached as a library or a config file, would be the
-host's device) and hides every procfs in the rootfs behind an empty tmpfs (so a hostile /etc/ld.so.cache ->
-/proc/1/root/... link cannot reach the host: magic links ignore a chroot). The child then makes the rootfs
-its root (chroot + chdir "/") and only then execs the host binary, by descriptor, without `-r`, with an
-empty environment and an alarm (a FIFO in the image would block it). From its first system call ldconfig
-sees nothing but the container's filesystem: `ldconfig -r ROOT DIR` (glibc 2.36) opened DIR/glibc-hwcaps
-as a host path before chrooting itself, so an image's glibc-hwcaps link reached and listed a host directory.
-Running in the container's root requires a static ldconfig (a dynamic one would load the image's ld.so and
-libc): anything else is refused. The files ldconfig is known to open (ld.so.conf, ld.so.conf.d/*.conf,
-ld.so.cache~) must be regular files.
+The caller is already in the container's mount namespace. A process that exists for that container alone
+(disposable), or else a child forked for the purpose, takes a private copy of that namespace, makes everything
+in the rootfs `nodev` (ldconfig runs outside the container's device cgroup: an image's device node, reached as
+a library or a config file, would be the host's device) and hides every procfs in the rootfs behind an empty
+tmpfs (so a hostile /etc/ld.so.cache -> /proc/1/root/... link cannot reach the host: magic links ignore a
+chroot); a disposable caller then goes back to its namespace while ldconfig runs (running()). ldconfig's own
+process (spawn_confined) makes the rootfs its root (chroot + chdir "/") and only then execs the host binary,
+by descriptor, without `-r`, with an empty environment and an alarm (a FIFO in the image would block it).
+From its first system call ldconfig sees nothing but the container's filesystem: `ldconfig -r ROOT DIR`
+(glibc 2.36) opened DIR/glibc-hwcaps as a host path before chrooting itself, so an image's glibc-hwcaps link
+reached and listed a host directory. Running in the container's root requires a static ldconfig (a dynamic
+one would load the image's ld.so and libc): anything else is refused. The files ldconfig is known to open
+(ld.so.conf, ld.so.conf.d/*.conf, ld.so.cache~) must be regular files.
 """
 
 from __future__ import annotations
@@ -375,13 +376,6 @@ def image_lock(rootfs: RootFS, timeout: float = LDCONFIG_TIMEOUT_S) -> Iterator[
         yield
     finally:
         os.close(fd)  # releases the lock
-
-
-def update_ldcache(rootfs: RootFS, folders: list[str], ldconfig_fd: int, disposable: bool = False) -> None:
-    """Write the conf entry and run the host ldconfig (opened as `ldconfig_fd`) over the rootfs, to its end
-    (running()'s, with nothing to do meanwhile)."""
-    with running(rootfs, folders, ldconfig_fd, disposable):
-        pass
 
 
 OUTPUT_KEPT = 8192  # the tail of ldconfig's output kept for the one line of a failure

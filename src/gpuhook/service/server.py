@@ -11,10 +11,10 @@ Safety rules (README "The hook service"):
   safe. While the service is idle one such child is forked ahead (the spare) and waits on a socket pair; the
   next prestart start that touches a container (its runtime in our mount namespace) is handed to it (its
   connection and descriptors over SCM_RIGHTS, the request and the plan made for it), which spares that start
-  the fork. The spare reads the state, config.json
-  and the request again (nothing before the plan has an effect: hook/prestart.run) and takes the plan as made
-  here, so a spare forked before a change of config or driver does what the parent decided now; a hand-off
-  that fails leaves the request with the parent, which forks for it;
+  the fork. The spare reads the state, config.json and the request again (nothing before the plan has an
+  effect: hook/prestart.run) and takes the plan as made here, so a spare forked before a change of config or
+  driver does what the parent decided now; a hand-off that fails leaves the request with the parent, which
+  forks for it;
 - a child keeps running when the parent dies: an accepted request is answered (the client never retries it).
 """
 
@@ -332,16 +332,13 @@ class Service:
                     conn.close()
                 self.children.clear()
                 self.spent.clear()
-                if self.spare is not None:
-                    self.spare[1].close()
-                    self.spare = None
+                self._drop_spare()
                 return
             if pid == 0:
                 return
             self.spent.discard(pid)
             if self.spare is not None and pid == self.spare[0]:  # died waiting: forked again, not at once
-                self.spare[1].close()
-                self.spare = None
+                self._drop_spare()
                 self.spare_after = time.monotonic() + SPARE_RETRY_S
             conn = self.children.pop(pid, None)
             if conn is not None:
@@ -357,11 +354,16 @@ class Service:
         of its client's connection; in the child (0) nothing of the accept loop is left."""
         if len(self.children) >= MAX_CHILDREN:
             self.reap(block=True)
-        gc.freeze()  # the warm heap goes to the permanent generation: a child's collections never touch (and so
-        pid = os.fork()  # never copy) the parent's pages
+        pid = self._fork_child()
         if pid:
             self.children[pid] = conn.dup()
-        else:
+        return pid
+
+    def _fork_child(self) -> int:
+        """os.fork; in the child (0) nothing of the accept loop is left (_enter_child)."""
+        gc.freeze()  # the warm heap goes to the permanent generation: a child's collections never touch (and so
+        pid = os.fork()  # never copy) the parent's pages
+        if pid == 0:
             self._enter_child()
         return pid
 
@@ -369,9 +371,8 @@ class Service:
         """Fork the child for the next start ahead of it (self.spare); it waits for _hand_over. Nothing where
         the fork fails: the next start forks for itself."""
         parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        gc.freeze()
         try:
-            pid = os.fork()
+            pid = self._fork_child()
         except OSError:
             parent_end.close()
             child_end.close()
@@ -381,15 +382,21 @@ class Service:
             self.spare = (pid, parent_end)
             return
         parent_end.close()
-        self._enter_child()
         self._serve_as_spare(child_end)
 
+    def _drop_spare(self) -> int | None:
+        """The spare's pid, its socket here closed and the service without one (None: there was none)."""
+        if self.spare is None:
+            return None
+        pid, sock = self.spare
+        self.spare = None
+        sock.close()
+        return pid
+
     def _let_spare_go(self) -> None:
-        """Close the spare's socket (it sees the end and exits: reaped as spent); the spare is no more."""
-        if self.spare is not None:
-            pid, sock = self.spare
-            self.spare = None
-            sock.close()
+        """Drop the spare, which sees its socket's end and exits: reaped as spent."""
+        pid = self._drop_spare()
+        if pid is not None:
             self.spent.add(pid)
 
     def _hand_over(self, conn: socket.socket, request: protocol.Request, start: float, planned: Planned) -> bool:
@@ -414,8 +421,7 @@ class Service:
         if not sent:
             self._let_spare_go()
             return False
-        self.spare = None
-        sock.close()
+        self._drop_spare()
         self.children[pid] = conn.dup()
         return True
 
@@ -501,16 +507,18 @@ class Service:
             self._serve_in_child(conn, request, client_ns, start, vet)
             return
         child = False
-        planned: list[Planned] = []  # this start's plan, which a spare takes as made here
+        planned: Planned | None = None  # this start's plan, which a spare takes as made here
 
         def plan(config: Config, request: Request) -> Planned:
-            planned.append(self.plan(config, request))
-            return planned[-1]
+            nonlocal planned
+            planned = self.plan(config, request)
+            return planned
 
         def fork_for_injection(pid: int) -> int | None:
             nonlocal child
             via_fd = vet(pid)
-            if self._hand_over(conn, request, start, planned[-1]) or self._fork(conn):
+            handed = planned is not None and self._hand_over(conn, request, start, planned)
+            if handed or self._fork(conn):
                 raise _Forked
             child = True  # a disposable process from here on: it joins the container's mount namespace itself
             return via_fd
@@ -604,9 +612,7 @@ class Service:
             self.listener.close()
         for conn in self.children.values():  # other starts' connections: theirs to answer
             conn.close()
-        if self.spare is not None:  # the spare's socket: the parent's to hand over on
-            self.spare[1].close()
-            self.spare = None
+        self._drop_spare()  # the spare's socket: the parent's to hand over on
 
     @classmethod
     def _answer_exit(cls, conn: socket.socket, exc: SystemExit) -> int:
