@@ -1,7 +1,8 @@
 """`gpuhook generate-cdi` wall time and peak memory on simulated drivers: 1 GPU, 4 GPUs with one in MIG mode,
 8 GPUs, 8 GPUs x 7 MIG; each cold (discovery every run), with the inventory cache the first round wrote, and
-answered by a running `gpuhook service` (issue 21: the console script asks it first; same cache); plus
-`python -c pass` of the console script's interpreter, the floor of any Python command here.
+answered by a running `gpuhook service` (issue 21: the console script asks it first; same cache), and the same
+asked by the native entry `gpuhook hook install` writes (`gpuhook-hook generate-cdi …`, no interpreter at all);
+plus `python -c pass` of the console script's interpreter, the floor of any Python command here.
 
 Runs the installed `gpuhook` command (what a boot-time unit runs), writing the spec to a file, every case
 interleaved round by round, each started from a small resident spawner (_common.Spawner), so that its
@@ -33,14 +34,14 @@ from _common import (
     workdir,
     write_json,
 )
-from _containers import start_service
+from _containers import install_native_entry, start_service
 
 TARGET_4MIG = 40.0  # issue 14: 4 GPUs, one in MIG mode
 TARGET_COLD, TARGET_SERVICE = 60.0, 20.0  # issue 21: without the service (no cache), through it
 MAX_GROWTH = 1.5  # from that to 8 GPUs x 7 MIG
 WARMUP = 1
-CACHED, SERVED = "+cache", "+service"
-VARIANTS = ("", CACHED, SERVED)
+CACHED, SERVED, NATIVE = "+cache", "+service", "+native"
+VARIANTS = ("", CACHED, SERVED, NATIVE)
 DRIVERS: dict[str, tuple[str, int, dict[int, list[str]] | None]] = {
     "1gpu": ("1 GPU", 1, None),
     "4gpu1mig": ("4 GPUs, GPU 0 in MIG mode (7 x 1g.10gb)", 4, {0: ["1g.10gb"] * 7}),
@@ -80,6 +81,7 @@ def bench(args: argparse.Namespace) -> None:
             return start
 
         nowhere = {"GPUHOOK_SERVICE_SOCKET": str(work / "none" / "service.sock")}
+        native = str(install_native_entry(work / "bin" / "gpuhook-hook")[0])
         cases: dict[str, Callable[[int], float]] = {}
         for driver, (_label, gpus, mig) in DRIVERS.items():
             fake = fake_driver(work / driver, gpus, mig)
@@ -88,10 +90,11 @@ def bench(args: argparse.Namespace) -> None:
                 out = work / f"{name}.yaml"
                 # cold: discovery every time; cached and served: the inventory cache the first (warm-up) round wrote
                 cache = str(work / f"{driver}.inventory.json") if variant else ""
-                argv = [*gpuhook_command(), "generate-cdi", "--driver-root", str(fake.root), "--proc-root",
+                command = [native] if variant == NATIVE else gpuhook_command()
+                argv = [*command, "generate-cdi", "--driver-root", str(fake.root), "--proc-root",
                         str(fake.root / "proc"), "--hook-path", "/usr/local/bin/gpuhook-hook", "--output", str(out),
                         "--inventory-cache", cache]
-                env = {"GPUHOOK_SERVICE_SOCKET": str(sock)} if variant == SERVED else nowhere
+                env = {"GPUHOOK_SERVICE_SOCKET": str(sock)} if variant in (SERVED, NATIVE) else nowhere
                 cases[name] = case(name, argv, env)
         python = [str(Path(gpuhook_command()[0]).with_name("python3")), "-c", "pass"]
         cases["python"] = case("python", python, nowhere)
@@ -103,14 +106,15 @@ def bench(args: argparse.Namespace) -> None:
             service.stop()
         for name in DRIVERS:
             counts[name] = (work / f"{name}.yaml").read_text().count("\n- name: ")
-            for variant in (CACHED, SERVED):
+            for variant in (CACHED, SERVED, NATIVE):
                 if (work / f"{name}{variant}.yaml").read_bytes() != (work / f"{name}.yaml").read_bytes():
                     raise BenchError(f"{name}{variant}: another spec than the cold run's")
 
     targets = {"4gpu1mig" + CACHED: TARGET_4MIG}
     for driver in DRIVERS:
-        targets.update({driver: TARGET_COLD, driver + SERVED: TARGET_SERVICE})
-    notes = {"": "", CACHED: ", inventory cache", SERVED: ", through gpuhook service"}
+        targets.update({driver: TARGET_COLD, driver + SERVED: TARGET_SERVICE, driver + NATIVE: TARGET_SERVICE})
+    notes = {"": "", CACHED: ", inventory cache", SERVED: ", through gpuhook service",
+             NATIVE: ", native entry through gpuhook service"}
     names = [f"{d}{v}" for d in DRIVERS for v in VARIANTS]
 
     def peak(name: str) -> float:

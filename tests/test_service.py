@@ -354,18 +354,17 @@ def test_a_state_over_the_services_bound_goes_whole_to_the_fallback(native: Path
     assert run_native(native, service.sock, config, json.dumps(body).encode()).returncode == 3 and marker.exists()
 
 
-def _fake_service(sock: Path, behaviour: str) -> tuple[socket.socket, threading.Thread, list[bytes]]:
+def _fake_service(sock: Path, behaviour: str) -> tuple[socket.socket, threading.Thread, list[protocol.Request]]:
     """A server that accepts one connection and then hangs ("hang") or reads the request and dies ("die")."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(sock))
     listener.listen(1)
-    got: list[bytes] = []
+    got: list[protocol.Request] = []
 
     def serve() -> None:
         conn, _ = listener.accept()
         if behaviour == "die":
-            request = protocol.read_request(conn)
-            got.append(request.state)
+            got.append(protocol.read_request(conn))
             conn.close()
         else:
             time.sleep(3)
@@ -398,7 +397,7 @@ def test_a_service_dying_after_accepting_is_never_retried_in_process(native: Pat
     result = run_native(native, root_tmp / "dies.sock", ["prestart"], body)
     thread.join(5)
     listener.close()
-    assert got == [body]  # the request reached the service whole ...
+    assert [request.state for request in got] == [body]  # the request reached the service whole ...
     assert result.returncode == 1 and not marker.exists()  # ... so no second try in-process
     assert result.stderr == f"gpuhook-hook: service {root_tmp / 'dies.sock'} closed without an answer: " \
                             "the start fails\n"
@@ -643,6 +642,74 @@ def test_what_the_service_cannot_run_as_the_client_runs_in_process(gpu_service: 
     moved = generate_cdi(args, root_tmp, sock, exe=str(other / "python3"),
                          env={"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
     assert moved.stderr.splitlines()[-1] == "IN-PROCESS", moved.stderr
+
+
+def native_generate(entry: Path, args: list[str], cwd: Path, sock: Path) -> subprocess.CompletedProcess[str]:
+    """`ENTRY generate-cdi ARGS` in `cwd`, the service at `sock`."""
+    return subprocess.run([str(entry), "generate-cdi", *args], cwd=cwd, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "GPUHOOK_SERVICE_SOCKET": str(sock)})
+
+
+def test_the_native_entry_runs_generate_cdi_through_the_service(native: Path, gpu_service: Running, root_tmp: Path,
+                                                                fake_driver: Any) -> None:
+    """`gpuhook-hook generate-cdi ARGS` is the console script's command without an interpreter's start: served, its
+    stdout, a relative --output and an error are what the command gives in-process and no Python runs; with nothing
+    listening, or declined (--help, an unknown option: click's words), the Python entry beside it runs the
+    command, with the console script's result."""
+    work = root_tmp / "client"
+    work.mkdir()
+    driver = os.path.relpath(fake_driver.root, work)
+    args = ["--driver-root", driver, "--proc-root", os.path.join(driver, "proc"), "--hook-path", "bin/hook",
+            "--inventory-cache", "inv.json"]
+    none = root_tmp / "none.sock"
+    local = generate_cdi(args, work, none)
+    unserved = native_generate(native, args, work, none)
+    assert (unserved.returncode, unserved.stderr) == (0, "") and unserved.stdout == local.stdout
+    assert f"path: {work}/bin/hook" in local.stdout
+    script = native.with_name(native.name + ".py")
+    kept = script.read_text()
+    marker = root_tmp / "fallback-ran"
+    no_fallback(native, marker)  # from here on, the service answers or the fallback shows
+    served = native_generate(native, args, work, gpu_service.sock)
+    assert (served.returncode, served.stderr, served.stdout) == (0, "", local.stdout)
+    to_file = native_generate(native, [*args, "-o", "out/spec.yaml"], work, gpu_service.sock)
+    assert (to_file.returncode, to_file.stdout, to_file.stderr) == (0, "", "")
+    assert (work / "out/spec.yaml").read_text() == local.stdout
+    bad = native_generate(native, ["--driver-root", "missing"], work, gpu_service.sock)
+    bad_local = generate_cdi(["--driver-root", "missing"], work, none)
+    assert bad.returncode == bad_local.returncode == 1 and "missing" in bad.stderr
+    assert bad.stderr == bad_local.stderr.replace("IN-PROCESS\n", "")
+    assert not marker.exists()
+    for declined in (["--help"], ["--bogus"]):
+        assert native_generate(native, declined, work, gpu_service.sock).returncode == 3 and marker.exists()
+        marker.unlink()
+    script.write_text(kept)
+    for declined in (["--help"], ["--bogus"]):
+        ours, theirs = native_generate(native, declined, work, gpu_service.sock), generate_cdi(declined, work, none)
+        assert (ours.returncode, ours.stdout) == (theirs.returncode, theirs.stdout), declined
+        assert ours.stderr == theirs.stderr.replace("IN-PROCESS\n", ""), declined
+
+
+def test_a_service_dying_after_taking_generate_cdi_is_one_line_and_no_second_run(native: Path,
+                                                                                 root_tmp: Path) -> None:
+    """The entry's command request says where the client is (its cwd, the Python entry's interpreter, its PATH);
+    a service that took it and closed without an answer is the console script's `gpuhook: service …` line and
+    exit 1, and the command does not run again in the fallback."""
+    marker = root_tmp / "fallback-ran"
+    interpreter = native.with_name(native.name + ".py").read_text().split()[0][2:]
+    no_fallback(native, marker)
+    sock = root_tmp / "dies.sock"
+    listener, thread, got = _fake_service(sock, "die")
+    result = native_generate(native, ["-o", "spec.yaml"], root_tmp, sock)
+    thread.join(5)
+    listener.close()
+    assert (result.returncode, result.stderr) == (1, f"gpuhook: service {sock}: closed without an answer\n")
+    assert not marker.exists() and not (root_tmp / "spec.yaml").exists()
+    (request,) = got
+    assert (request.argv, request.state, request.cwd, request.exe) == (["generate-cdi", "-o", "spec.yaml"], b"",
+                                                                       str(root_tmp), interpreter)
+    assert request.env == [f"PATH={os.environ['PATH']}"] + [
+        f"{name}={os.environ[name]}" for name in protocol.SERVED_ENV[1:] if name in os.environ]
 
 
 def test_a_served_command_sees_the_clients_cwd_and_environment(in_process: Any) -> None:

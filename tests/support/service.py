@@ -71,9 +71,11 @@ def start(sock: Path, config: Path | None, log: Path, command: list[str] | None 
 
 def no_fallback(entry: Path, marker: Path) -> None:
     """Replace the native entry's Python fallback (`entry`.py) with one that only leaves a mark and fails the
-    start: where a service must answer, any fallback shows."""
+    start: where a service must answer, any fallback shows. Its #! line is the installed one's (this interpreter),
+    which the entry names as the client's interpreter in a command's request."""
     script = entry.with_name(entry.name + ".py")
-    script.write_text(f"#!/bin/sh\necho ran >> {marker}\necho 'gpuhook-hook: fallback ran' >&2\nexit 3\n")
+    script.write_text(f"#!{sys.executable} -IS\nimport sys\nopen({str(marker)!r}, 'a').write('ran\\n')\n"
+                      "sys.stderr.write('gpuhook-hook: fallback ran\\n')\nsys.exit(3)\n")
 
 
 def install_native_entry(dest: Path) -> tuple[str, str]:

@@ -14,6 +14,13 @@
  *
  * --help and --version go straight to the Python entry; so does a `cdi-hook …` call the service DECLINED (one only
  * click can word: help, a malformed option), since the service did nothing for it.
+ *
+ * `ENTRY generate-cdi ARGS` is the console script's `gpuhook generate-cdi ARGS` without an interpreter's start:
+ * the request service/client.py sends (no state; the client's cwd, its interpreter, which is the Python entry's
+ * #! line, and the SERVED_ENV values), the spec relayed to stdout and the messages to stderr with the exit
+ * status. Nothing listening, a DECLINED answer or no way to say where the client is (cwd, interpreter): the
+ * Python entry runs it in-process, as the console script does. A service that took the request and then failed
+ * is one `gpuhook: service …` line and exit 1, never a second run.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -38,6 +45,9 @@
 #define DEFAULT_SOCKET "/run/gpuhook/service.sock"
 #define DEFAULT_TIMEOUT_MS 5000
 #define DECLINED 256 /* protocol.DECLINED: the service took nothing on; run the call in-process */
+#define MAX_OUTPUT (64 << 20) /* protocol.MAX_OUTPUT: a generate-cdi spec on stdout */
+#define COMMAND_TIMEOUT_MS 60000 /* service/client.ANSWER_TIMEOUT_S: a served command may discover */
+#define SHEBANG_MAX 256 /* the kernel reads at most this much of a "#!" line (cli/entry.SHEBANG_MAX + 1) */
 
 /* hook/installed.py's MARKER: is_ours() finds it in this binary as in the script. */
 const char gpuhook_marker[] =
@@ -111,11 +121,14 @@ static long find_pid(const char *s, size_t n) {
     return 0;
 }
 
-/* Growable buffer for the JSON header. */
-struct buf { char *p; size_t n, cap; };
+/* Growable buffer for the JSON header; `over` once it would pass MAX_HEADER (then nothing more is put). */
+struct buf { char *p; size_t n, cap; int over; };
 
 static void put(struct buf *b, const char *s, size_t n) {
-    if (b->n + n > MAX_HEADER) fail("arguments are too long for the service", NULL);
+    if (b->over || b->n + n > MAX_HEADER) {
+        b->over = 1;
+        return;
+    }
     if (b->n + n > b->cap) {
         b->cap = (b->n + n) * 2;
         b->p = realloc(b->p, b->cap);
@@ -124,6 +137,8 @@ static void put(struct buf *b, const char *s, size_t n) {
     memcpy(b->p + b->n, s, n);
     b->n += n;
 }
+
+static void put_str(struct buf *b, const char *s) { put(b, s, strlen(s)); }
 
 static void put_json_string(struct buf *b, const char *s) {
     put(b, "\"", 1);
@@ -143,6 +158,15 @@ static void put_json_string(struct buf *b, const char *s) {
     put(b, "\"", 1);
 }
 
+/* The header's start: the version and our arguments (argv[0] left out), the list still open. */
+static void put_argv(struct buf *b, int argc, char **argv) {
+    put_str(b, "{\"v\": 1, \"argv\": [");
+    for (int i = 1; i < argc; i++) {
+        if (i > 1) put_str(b, ", ");
+        put_json_string(b, argv[i]);
+    }
+}
+
 /* All of buf[0..n) to fd, or one line and exit 1. */
 static void write_all(int fd, const char *buf, size_t n) {
     for (size_t off = 0; off < n;) {
@@ -154,13 +178,18 @@ static void write_all(int fd, const char *buf, size_t n) {
 }
 
 /* Exec the Python entry beside us with the same argv, the state on stdin. Returns only on failure. */
-static void fallback(char **argv, const char *state, size_t len, int rest) {
+/* The Python entry beside us: our own path + ".py". */
+static void script_path(char *script, size_t size) {
     char self[PATH_MAX - 4];
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     if (n < 0) fail("cannot find the Python entry (readlink /proc/self/exe)", strerror(errno));
     self[n] = 0;
+    snprintf(script, size, "%s.py", self);
+}
+
+static void fallback(char **argv, const char *state, size_t len, int rest) {
     char script[PATH_MAX];
-    snprintf(script, sizeof script, "%s.py", self);
+    script_path(script, sizeof script);
     if (!state) {  /* --help, --version: stdin untouched */
         execv(script, argv);
         fail("cannot run the Python entry", strerror(errno));
@@ -194,19 +223,218 @@ static int timeout_ms(void) {
     return t > 0 && t < 600000 ? (int)t : DEFAULT_TIMEOUT_MS;
 }
 
-/* Wait until fd is ready for `events` or the deadline passes; exits with one line on the deadline. */
-static void wait_for(int fd, short events, long long deadline, const char *sock_path, int ms) {
+/* One call to the service: where it is, how long it may take, and whose words a failure is in (the hook's
+ * `gpuhook-hook: … the start fails`, or a command's `gpuhook: service PATH: …`, service/client.ServiceFailed's). */
+struct call {
+    const char *sock_path;
+    int ms, command;
+    long long deadline;
+};
+
+/* The service took the request (or may have) and the call failed: one line saying `what` happened (a phrase:
+ * "closed without an answer"), exit 1, never a second run. */
+static void lost(const struct call *c, const char *what) {
+    if (c->command) fprintf(stderr, "gpuhook: service %s: %s\n", c->sock_path, what);
+    else fprintf(stderr, "gpuhook-hook: service %s %s: the start fails\n", c->sock_path, what);
+    exit(1);
+}
+
+/* lost(), `what` followed by ": " and strerror(err). */
+static void lost_errno(const struct call *c, const char *what, int err) {
+    char phrase[256];
+    snprintf(phrase, sizeof phrase, "%s: %s", what, strerror(err));
+    lost(c, phrase);
+}
+
+/* Wait until fd is ready for `events` or the call's deadline passes; exits with one line on the deadline. */
+static void wait_for(int fd, short events, const struct call *c) {
     for (;;) {
-        long long left = deadline - now_ms();
+        long long left = c->deadline - now_ms();
         if (left <= 0) {
-            fprintf(stderr, "gpuhook-hook: service %s gave no answer within %d ms: the start fails\n", sock_path, ms);
-            exit(1);
+            char phrase[64];
+            snprintf(phrase, sizeof phrase, "gave no answer within %d ms", c->ms);
+            lost(c, phrase);
         }
         struct pollfd p = {.fd = fd, .events = events};
         int r = poll(&p, 1, (int)left);
         if (r > 0) return;
         if (r < 0 && errno != EINTR) fail("poll", strerror(errno));
     }
+}
+
+/* A socket connected to the service, or -1 when nothing listens (ENOENT, ECONNREFUSED: nothing was sent, so the
+ * Python entry may run the call). Another failure is one line and exit 1 for a hook; a command runs in-process
+ * on any failure to connect, as service/client.py does. */
+static int connect_service(const struct call *c) {
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    if (strlen(c->sock_path) >= sizeof addr.sun_path) {
+        if (c->command) return -1;
+        fail("service socket path is too long", c->sock_path);
+    }
+    strcpy(addr.sun_path, c->sock_path);
+    int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (s < 0) fail("socket", strerror(errno));
+    struct timeval tv = {.tv_sec = c->ms / 1000, .tv_usec = (c->ms % 1000) * 1000};
+    if (c->command) tv = (struct timeval){.tv_sec = 1};  /* client.CONNECT_TIMEOUT_S: a full backlog */
+    setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);  /* a full backlog: connect waits this long */
+    if (connect(s, (struct sockaddr *)&addr, sizeof addr) == 0) return s;
+    int err = errno;
+    close(s);
+    if (c->command || err == ENOENT || err == ECONNREFUSED) return -1;
+    fprintf(stderr, "gpuhook-hook: cannot reach the service at %s: %s\n", c->sock_path, strerror(err));
+    exit(1);
+}
+
+/* The header's framing and the state after it, in one buffer: u32 length (big-endian) | header | state. */
+static char *frame(const struct buf *h, const char *state, size_t len, size_t *total) {
+    *total = 4 + h->n + len;
+    char *msg = malloc(*total);
+    if (!msg) fail("out of memory", NULL);
+    uint32_t hl = (uint32_t)h->n;
+    unsigned char be[4] = {hl >> 24, hl >> 16, hl >> 8, hl};
+    memcpy(msg, be, 4);
+    memcpy(msg + 4, h->p, h->n);
+    if (len) memcpy(msg + 4 + h->n, state, len);
+    return msg;
+}
+
+/* All of msg to the service, pid_fd (when >= 0) over SCM_RIGHTS on the first message. A peer that closed
+ * unread (EPIPE, ECONNRESET) may still have answered: the caller reads on. */
+static void send_request(int s, char *msg, size_t total, int pid_fd, const struct call *c) {
+    int first = 1;
+    for (size_t off = 0; off < total;) {
+        wait_for(s, POLLOUT, c);
+        struct iovec iov = {.iov_base = msg + off, .iov_len = total - off};
+        struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+        char control[CMSG_SPACE(sizeof(int))];
+        if (first && pid_fd >= 0) {
+            memset(control, 0, sizeof control);
+            mh.msg_control = control;
+            mh.msg_controllen = sizeof control;
+            struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+            cm->cmsg_level = SOL_SOCKET;
+            cm->cmsg_type = SCM_RIGHTS;
+            cm->cmsg_len = CMSG_LEN(sizeof(int));
+            memcpy(CMSG_DATA(cm), &pid_fd, sizeof(int));
+        }
+        ssize_t w = sendmsg(s, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+        if (w < 0 && (errno == EPIPE || errno == ECONNRESET)) return;  /* refused unread: its answer may wait */
+        if (w < 0) lost_errno(c, "dropped the request", errno);
+        first = 0;
+        off += (size_t)w;
+    }
+}
+
+/* The whole answer, until the service closes or `bound` bytes came; *got is its length. A hook's answer is
+ * complete once its stderr part is (the service closes after it anyway). */
+static unsigned char *recv_answer(int s, size_t bound, size_t *got, const struct call *c) {
+    size_t cap = c->command ? 65536 : 8 + MAX_ANSWER, n = 0;
+    unsigned char *ans = malloc(cap);
+    if (!ans) fail("out of memory", NULL);
+    for (;;) {
+        if (n == cap) {
+            if (cap >= bound) break;
+            cap = cap * 2 > bound ? bound : cap * 2;
+            ans = realloc(ans, cap);
+            if (!ans) fail("out of memory", NULL);
+        }
+        wait_for(s, POLLIN, c);
+        ssize_t r = recv(s, ans + n, cap - n, MSG_DONTWAIT);
+        if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+        if (r < 0 && errno == ECONNRESET) break;
+        if (r < 0) lost_errno(c, "failed", errno);
+        if (r == 0) break;
+        n += (size_t)r;
+        if (!c->command && n >= 8 && be32(ans + 4) <= MAX_ANSWER && n >= 8 + be32(ans + 4)) break;
+    }
+    *got = n;
+    return ans;
+}
+
+/* The interpreter of the Python entry (its "#!" line's first word): the `exe` a command request names, which the
+ * service compares with its own (a spec names the gpuhook beside it). 0 when it cannot be read. */
+static int entry_interpreter(char *out, size_t size) {
+    char script[PATH_MAX], line[SHEBANG_MAX + 1];
+    script_path(script, sizeof script);
+    int fd = open(script, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    ssize_t n = read(fd, line, SHEBANG_MAX);
+    close(fd);
+    if (n < 3 || line[0] != '#' || line[1] != '!') return 0;
+    line[n] = 0;
+    size_t start = 2, end;
+    while (line[start] == ' ' || line[start] == '\t') start++;
+    for (end = start; line[end] && line[end] != ' ' && line[end] != '\t' && line[end] != '\n'; end++) {}
+    if (end == start || line[start] != '/' || end - start >= size) return 0;
+    memcpy(out, line + start, end - start);
+    out[end - start] = 0;
+    return 1;
+}
+
+/* Every byte of buf[0..n) to fd; 0 when the reader went away (a closed pipe: nothing more to say). */
+static int relay(int fd, const unsigned char *buf, size_t n) {
+    for (size_t off = 0; off < n;) {
+        ssize_t w = write(fd, buf + off, n - off);
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0) return 0;
+        off += (size_t)w;
+    }
+    return 1;
+}
+
+/* `ENTRY generate-cdi ARGS` through the service (the console script's request, service/client.ask), or the
+ * Python entry when the service is not there or declines. */
+static int command(int argc, char **argv) {
+    char cwd[PATH_MAX], exe[SHEBANG_MAX];
+    const char *sock_path = getenv("GPUHOOK_SERVICE_SOCKET");
+    struct call c = {.sock_path = sock_path && *sock_path ? sock_path : DEFAULT_SOCKET, .ms = COMMAND_TIMEOUT_MS,
+                     .command = 1};
+    /* Nothing to say where the client is, or more than a header holds: the Python entry runs it in-process. */
+    if (!getcwd(cwd, sizeof cwd) || !entry_interpreter(exe, sizeof exe)) fallback(argv, NULL, 0, 0);
+    struct buf h = {0};
+    put_argv(&h, argc, argv);
+    put_str(&h, "], \"state\": 0, \"config_env\": null, \"pid_fd\": false, \"cwd\": ");
+    put_json_string(&h, cwd);
+    put_str(&h, ", \"exe\": ");
+    put_json_string(&h, exe);
+    put_str(&h, ", \"env\": [");
+    const char *served[] = {"PATH", "CUDA_MPS_PIPE_DIRECTORY"};  /* protocol.SERVED_ENV */
+    int n = 0;
+    for (size_t i = 0; i < sizeof served / sizeof *served; i++) {
+        const char *v = getenv(served[i]);
+        if (!v) continue;
+        char *entry = malloc(strlen(served[i]) + strlen(v) + 2);
+        if (!entry) fail("out of memory", NULL);
+        sprintf(entry, "%s=%s", served[i], v);
+        if (n++) put_str(&h, ", ");
+        put_json_string(&h, entry);
+        free(entry);
+    }
+    put_str(&h, "]}");
+    if (h.over) fallback(argv, NULL, 0, 0);
+    int s = connect_service(&c);
+    if (s < 0) fallback(argv, NULL, 0, 0);
+    c.deadline = now_ms() + c.ms;
+    size_t total, got;
+    char *msg = frame(&h, NULL, 0, &total);
+    send_request(s, msg, total, -1, &c);
+    unsigned char *ans = recv_answer(s, 12 + MAX_ANSWER + MAX_OUTPUT, &got, &c);
+    close(s);
+    /* u32 code | u32 stderr length | stderr | u32 stdout length | stdout (protocol.decode_answer) */
+    if (got < 8) lost(&c, "closed without an answer");
+    uint32_t code = be32(ans), size = be32(ans + 4);
+    size_t end = 8 + (size_t)size, out_size = 0;
+    if (size > MAX_ANSWER || got < end) lost(&c, "sent a malformed answer");
+    if (got > end) {
+        if (got < end + 4) lost(&c, "sent a malformed answer");
+        out_size = be32(ans + end);
+        if (out_size > MAX_OUTPUT || got != end + 4 + out_size) lost(&c, "sent a malformed answer");
+    }
+    if (code == DECLINED && size == 0 && out_size == 0) fallback(argv, NULL, 0, 0);
+    if (out_size) relay(1, ans + end + 4, out_size);
+    if (size) relay(2, ans + 8, size);
+    return code > 255 ? 1 : (int)code;
 }
 
 static int is_direct(int argc, char **argv) {
@@ -216,30 +444,16 @@ static int is_direct(int argc, char **argv) {
 
 int main(int argc, char **argv) {
     if (is_direct(argc, argv)) fallback(argv, NULL, 0, 0), exit(1);
+    if (argc >= 2 && !strcmp(argv[1], "generate-cdi")) return command(argc, argv);
     size_t len;
     int over;
     char *state = read_state(&len, &over);
     if (over) fallback(argv, state, len, 1);  /* nothing sent: the in-process hook reads and words it */
     const char *sock_path = getenv("GPUHOOK_SERVICE_SOCKET");
-    if (!sock_path || !*sock_path) sock_path = DEFAULT_SOCKET;
-    int ms = timeout_ms();
-    long long deadline = now_ms() + ms;
-
-    struct sockaddr_un addr = {.sun_family = AF_UNIX};
-    if (strlen(sock_path) >= sizeof addr.sun_path) fail("service socket path is too long", sock_path);
-    strcpy(addr.sun_path, sock_path);
-    int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (s < 0) fail("socket", strerror(errno));
-    struct timeval tv = {.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
-    setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);  /* a full backlog: connect waits this long */
-    if (connect(s, (struct sockaddr *)&addr, sizeof addr) < 0) {
-        if (errno == ENOENT || errno == ECONNREFUSED) {
-            close(s);
-            fallback(argv, state, len, 0);
-        }
-        fprintf(stderr, "gpuhook-hook: cannot reach the service at %s: %s\n", sock_path, strerror(errno));
-        return 1;
-    }
+    struct call c = {.sock_path = sock_path && *sock_path ? sock_path : DEFAULT_SOCKET, .ms = timeout_ms()};
+    c.deadline = now_ms() + c.ms;
+    int s = connect_service(&c);
+    if (s < 0) fallback(argv, state, len, 0);
     /* From here on the request may reach the service: never fall back. */
     long pid = find_pid(state, len);
     int pid_fd = -1;
@@ -250,83 +464,23 @@ int main(int argc, char **argv) {
     }
     struct buf h = {0};
     char num[64];
-    put(&h, "{\"v\": 1, \"argv\": [", 18);
-    for (int i = 1; i < argc; i++) {
-        if (i > 1) put(&h, ", ", 2);
-        put_json_string(&h, argv[i]);
-    }
+    put_argv(&h, argc, argv);
     snprintf(num, sizeof num, "], \"state\": %zu, \"config_env\": ", len);
     put(&h, num, strlen(num));
     const char *config_env = getenv("GPUHOOK_CONFIG");
     if (config_env && *config_env) put_json_string(&h, config_env);
     else put(&h, "null", 4);
     put(&h, pid_fd >= 0 ? ", \"pid_fd\": true}" : ", \"pid_fd\": false}", pid_fd >= 0 ? 17 : 18);
-
-    size_t total = 4 + h.n + len;
-    char *msg = malloc(total);
-    if (!msg) fail("out of memory", NULL);
-    uint32_t hl = (uint32_t)h.n;
-    unsigned char be[4] = {hl >> 24, hl >> 16, hl >> 8, hl};
-    memcpy(msg, be, 4);
-    memcpy(msg + 4, h.p, h.n);
-    if (len) memcpy(msg + 4 + h.n, state, len);
-
-    size_t off = 0;
-    int first = 1;
-    while (off < total) {
-        wait_for(s, POLLOUT, deadline, sock_path, ms);
-        struct iovec iov = {.iov_base = msg + off, .iov_len = total - off};
-        struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
-        char control[CMSG_SPACE(sizeof(int))];
-        if (first && pid_fd >= 0) {
-            memset(control, 0, sizeof control);
-            mh.msg_control = control;
-            mh.msg_controllen = sizeof control;
-            struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
-            c->cmsg_level = SOL_SOCKET;
-            c->cmsg_type = SCM_RIGHTS;
-            c->cmsg_len = CMSG_LEN(sizeof(int));
-            memcpy(CMSG_DATA(c), &pid_fd, sizeof(int));
-        }
-        ssize_t w = sendmsg(s, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (w < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-        if (w < 0 && (errno == EPIPE || errno == ECONNRESET)) break;  /* refused unread: its answer may wait */
-        if (w < 0) {
-            fprintf(stderr, "gpuhook-hook: service %s dropped the request: %s: the start fails\n", sock_path,
-                    strerror(errno));
-            return 1;
-        }
-        first = 0;
-        off += (size_t)w;
-    }
+    if (h.over) fail("arguments are too long for the service", NULL);
+    size_t total, got;
+    char *msg = frame(&h, state, len, &total);
+    send_request(s, msg, total, pid_fd, &c);
 
     /* The answer: u32 code, u32 length, the stderr line; the service closes after it. */
-    unsigned char *ans = malloc(8 + MAX_ANSWER);
-    size_t got = 0;
-    if (!ans) fail("out of memory", NULL);
-    for (;;) {
-        wait_for(s, POLLIN, deadline, sock_path, ms);
-        ssize_t r = recv(s, ans + got, 8 + MAX_ANSWER - got, MSG_DONTWAIT);
-        if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-        if (r < 0 && errno == ECONNRESET) break;
-        if (r < 0) {
-            fprintf(stderr, "gpuhook-hook: service %s: %s: the start fails\n", sock_path, strerror(errno));
-            return 1;
-        }
-        if (r == 0) break;
-        got += (size_t)r;
-        if (got >= 8 && be32(ans + 4) <= MAX_ANSWER && got >= 8 + be32(ans + 4)) break;
-        if (got == 8 + MAX_ANSWER) break;
-    }
-    if (got < 8) {
-        fprintf(stderr, "gpuhook-hook: service %s closed without an answer: the start fails\n", sock_path);
-        return 1;
-    }
+    unsigned char *ans = recv_answer(s, 8 + MAX_ANSWER, &got, &c);
+    if (got < 8) lost(&c, "closed without an answer");
     uint32_t code = be32(ans), size = be32(ans + 4);
-    if (size > MAX_ANSWER || got < 8 + size) {
-        fprintf(stderr, "gpuhook-hook: service %s sent a malformed answer: the start fails\n", sock_path);
-        return 1;
-    }
+    if (size > MAX_ANSWER || got < 8 + size) lost(&c, "sent a malformed answer");
     if (code == DECLINED && size == 0) {  /* nothing was done: the Python entry answers it */
         close(s);
         fallback(argv, state, len, 0);

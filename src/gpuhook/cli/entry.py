@@ -8,7 +8,8 @@ the native helper needs. No .pth file runs, no user site and no PYTHON* variable
 pays only for what the hook itself imports.
 
 The same script also answers `cdi-hook create-symlinks|update-ldcache`, the createContainer hooks of a CDI spec
-generated with `--hook-path` pointing at it, without click. Only arguments it fully understands take that
+generated with `--hook-path` pointing at it, without click, and `generate-cdi …` as the `gpuhook` console script
+does (the native entry's fallback for it: `_native/entry.c`). Only arguments it fully understands take that
 path; anything else (help, a malformed option) goes to the click command line, so results and messages are
 those of `gpuhook cdi-hook`.
 """
@@ -28,10 +29,15 @@ SHEBANG_MAX = 255  # the kernel reads at most 256 bytes of a "#!" line (Linux >=
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`cdi-hook …` (a CDI spec's createContainer hooks) or else the OCI hook's own command line."""
+    """`cdi-hook …` (a CDI spec's createContainer hooks), `generate-cdi …` (what the native entry runs here when
+    no service takes it: the console script's command) or else the OCI hook's own command line."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["cdi-hook"]:
         return cdi_hook(args[1:])
+    if args[:1] == ["generate-cdi"]:
+        from gpuhook.cli import main as cli_main
+
+        return cli_main(args)
     from gpuhook.hook.prestart import main as hook_main
 
     return hook_main(args)

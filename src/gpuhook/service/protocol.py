@@ -11,7 +11,9 @@ One request and one answer per connection on a SOCK_STREAM unix socket:
                [| u32 stdout_len | stdout: only for a `generate-cdi` request (the spec, when it goes to stdout)]
 
 Besides the hooks, Python clients (service/client.py) send `generate-cdi ARGS` (the `gpuhook` console script) and
-`runtime-prepare BUNDLE ID CONFIG` (the shim, gpuhook-runtime), with an empty state, their cwd and interpreter.
+`runtime-prepare BUNDLE ID CONFIG` (the shim, gpuhook-runtime), with an empty state, their cwd and interpreter;
+the native entry sends the same `generate-cdi` request for `ENTRY generate-cdi ARGS` (its interpreter: the Python
+entry's #! line).
 
 An exit code of DECLINED means the service took nothing on and did nothing: the client runs the call in-process
 (a `cdi-hook` command line only click can word, help or a malformed option, so the messages stay click's).
