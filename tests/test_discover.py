@@ -264,3 +264,39 @@ def test_cli_main_returns_codes(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert cli_main(["info", "--driver-root", str(tmp_path / "missing")]) == 1
     assert "missing" in capsys.readouterr().err
     assert os.path.exists(str(tmp_path))
+
+
+def test_pynvml_is_imported_without_ctypes_util_until_find_library_is_called() -> None:
+    """discover/nvml.import_pynvml: pynvml's unused `ctypes.util` import (subprocess, tempfile, shutil) is not
+    paid at import; its `find_library`, when called, is the real one's answer, and the real module is what any
+    later import gets."""
+    code = (
+        "import sys\n"
+        "from gpuhook.discover.nvml import import_pynvml\n"
+        "pynvml = import_pynvml()\n"
+        "left = sorted(m for m in ('ctypes.util', 'subprocess', 'tempfile', 'shutil') if m in sys.modules)\n"
+        "found = pynvml.find_library('c')\n"
+        "import ctypes.util\n"
+        "print(left, found == ctypes.util.find_library('c') and found is not None, hasattr(ctypes.util, 'test'),\n"
+        "      import_pynvml() is pynvml)\n"
+    )
+    result = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["[]", "True", "True", "True"]
+
+
+def test_nvml_queried_in_a_child_brings_back_its_error_or_says_it_died(tmp_path: Path) -> None:
+    """discover/nvml.query_in_child: the child's DiscoveryError comes back as one, with its words; a child that
+    exits without answering (a library whose constructor ends the process) is one line naming the library."""
+    from gpuhook.discover import nvml
+
+    missing = tmp_path / "libnvidia-ml.so.1"
+    with pytest.raises(DiscoveryError) as failed:
+        nvml.query_in_child(str(missing))
+    assert str(missing) in str(failed.value)
+    source = tmp_path / "exits.c"
+    source.write_text("#include <unistd.h>\n__attribute__((constructor)) static void end(void) { _exit(0); }\n")
+    library = tmp_path / "libexits.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
+    with pytest.raises(DiscoveryError, match=f"^NVML query of {library} died without an answer$"):
+        nvml.query_in_child(str(library))

@@ -40,7 +40,9 @@ def pynvml_bound(fake: FakeDriver) -> Iterator[ModuleType]:
 
     Serialised process-wide; on exit every nvmlInit is balanced and pynvml is reset.
     """
-    import pynvml
+    from gpuhook.discover.nvml import import_pynvml
+
+    pynvml = import_pynvml()
 
     with _LOCK:
         lib = ctypes.CDLL(str(fake.nvml_library))
