@@ -544,9 +544,11 @@ def test_a_cdi_hook_through_the_service_is_the_in_process_one(native: Path, root
         script = native.with_name(native.name + ".py")
         kept = script.read_text()
         no_fallback(native, root_tmp / "fallback-ran")
+        spare = _one_waiting_child(psutil.Process(running.proc.pid))
         served = _cdi_hook_start(root_tmp, native, running.sock, args, "served")
         assert served.returncode == 0, served.stderr
         assert not (root_tmp / "fallback-ran").exists()
+        assert not psutil.pid_exists(spare) or psutil.Process(spare).status() == psutil.STATUS_ZOMBIE  # it ran it
         failed = _cdi_hook_start(root_tmp, native, running.sock, ["update-container", "--folder", "/opt/lib",
                                                                   "--ldconfig-path", "/nonexistent"], "failed")
         assert failed.returncode != 0 and "gpuhook: cannot open ldconfig /nonexistent" in failed.stderr
@@ -750,9 +752,14 @@ def _dead_process_start(service: Any, root_tmp: Path, cid: str) -> tuple[int, st
     gone.kill()
     gone.wait()
     body = state(plain_bundle(root_tmp, ["NVIDIA_VISIBLE_DEVICES=all"]), cid=cid, pid=gone.pid)
+    return _child_answer(service, ["--config", str(root_tmp / "config.toml")], body)
+
+
+def _child_answer(service: Any, argv: list[str], body: bytes) -> tuple[int, str, list[int]]:
+    """A request the service gives to a child (the spare or one forked for it): the answer, and that child."""
     client, server = _pair()
     with client, server:
-        protocol.send_request(client, ["--config", str(root_tmp / "config.toml")], body)
+        protocol.send_request(client, argv, body)
         service.serve_one(server)
         server.close()
         took = list(service.children)
@@ -761,6 +768,42 @@ def _dead_process_start(service: Any, root_tmp: Path, cid: str) -> tuple[int, st
             service.reap(block=True)  # copy here is closed (a dead spare may be reaped first)
         code, line, _ = protocol.recv_answer(client)
         return code, line, took
+
+
+def test_a_cdi_hook_is_handed_to_the_spare_whole(in_process: Any, root_tmp: Path) -> None:
+    """A CDI createContainer hook (a call run whole in a child, _serve_in_child) goes to a waiting spare too: no
+    fork at that moment, the spare makes the link in the container's rootfs and answers; without a spare, a child
+    forked for it does the same."""
+    bundle = plain_bundle(root_tmp, [])
+    rootfs = bundle / "rootfs"
+    in_process._fork_spare()
+    spare_pid = in_process.spare[0]
+    answers = []
+    for n in (1, 2):
+        args = ["cdi-hook", "create-symlinks", "--link", f"libmarker.so.{n}::/opt/libmarker{n}.so"]
+        answers.append(_child_answer(in_process, args, state(bundle, cid=f"cdi{n}", pid=os.getpid())))
+    assert answers[0] == (0, "", [spare_pid]) and Forks.count == 2  # the spare, then one fork for the second
+    assert answers[1][:2] == (0, "") and answers[1][2] != [spare_pid]
+    assert [os.readlink(rootfs / f"opt/libmarker{n}.so") for n in (1, 2)] == ["libmarker.so.1", "libmarker.so.2"]
+
+
+def test_a_spare_never_runs_a_whole_call_without_the_clients_namespace(in_process: Any, root_tmp: Path) -> None:
+    """A hand-off whose descriptors do not match what it says it carries (a client namespace announced, none
+    sent) is refused by the spare in one line: a call is never run in a namespace other than its client's."""
+    import pickle
+
+    in_process._fork_spare()
+    pid, sock = in_process.spare
+    client, server = _pair()
+    with client, server:
+        message = pickle.dumps((True, ["cdi-hook", "create-symlinks"], None, b"{}", time.monotonic(), False, True,
+                                None, ([], [], "", "", [])))
+        socket.send_fds(sock, [message], [server.fileno()])
+        in_process._drop_spare()
+        server.close()
+        os.waitpid(pid, 0)
+        code, line, _ = protocol.recv_answer(client)
+    assert code == 1 and line == "gpuhook-hook: service: the spare got 1 descriptors for a start that has 2"
 
 
 def test_a_start_is_handed_to_the_spare_and_answered_by_it(in_process: Any, root_tmp: Path) -> None:

@@ -399,19 +399,23 @@ class Service:
         if pid is not None:
             self.spent.add(pid)
 
-    def _hand_over(self, conn: socket.socket, request: protocol.Request, start: float, planned: Planned) -> bool:
-        """Give this start and its plan as made here to the spare (True: it answers `conn` from here on, recorded
-        as a child), or leave it here (False: no spare, or the message could not go, whole or not at all: a
-        SOCK_SEQPACKET). Either way the spare is used up. The plan goes along because planning may change what
-        the next planning sees (a refused inventory cache replaced by a scan, noted once)."""
+    def _hand_over(self, conn: socket.socket, request: protocol.Request, start: float, planned: Planned | None,
+                   client_ns: int | None = None, cdi: HookArgs | None = None, whole: bool = False) -> bool:
+        """Give this start to the spare (True: it answers `conn` from here on, recorded as a child), or leave it
+        here (False: no spare, or the message could not go, whole or not at all: a SOCK_SEQPACKET). Either way
+        the spare is used up. A start planned here goes with its plan, because planning may change what the next
+        planning sees (a refused inventory cache replaced by a scan, noted once); a `whole` call (_serve_in_child's:
+        a client in another mount namespace, `client_ns`, or a CDI hook, `cdi`) goes as it came, to be run whole
+        there. The descriptors go along: the connection, the /proc/<pid> fd, the client's namespace."""
         if self.spare is None:
             return False
         import pickle
 
         pid, sock = self.spare
-        message = pickle.dumps((request.argv, request.config_env, request.state, start, request.pid_fd is not None,
-                                planned), protocol=pickle.HIGHEST_PROTOCOL)
-        fds = [conn.fileno()] + ([request.pid_fd] if request.pid_fd is not None else [])
+        message = pickle.dumps((whole, request.argv, request.config_env, request.state, start,
+                                request.pid_fd is not None, client_ns is not None, planned, cdi),
+                               protocol=pickle.HIGHEST_PROTOCOL)
+        fds = [conn.fileno()] + [fd for fd in (request.pid_fd, client_ns) if fd is not None]
         sent = False
         if len(message) <= SPARE_MESSAGE:
             try:
@@ -427,9 +431,9 @@ class Service:
 
     def _serve_as_spare(self, sock: socket.socket) -> None:
         """In the spare: wait for the one start handed over (_hand_over), then run it as a child forked for it
-        would (prestart.handle with the parent's plan: reading the state, config.json and the request again,
-        which has no effect, then this process joining the container), answer and exit; exit at once when the
-        parent lets it go (the socket's end) or sends nothing usable."""
+        would (a planned start: prestart.handle with the parent's plan, reading the state, config.json and the
+        request again, which has no effect, then this process joining the container; a whole call: _whole_call),
+        answer and exit; exit at once when the parent lets it go (the socket's end) or sends nothing usable."""
         import pickle
 
         from gpuhook import _native
@@ -437,7 +441,7 @@ class Service:
         with contextlib.suppress(OSError):  # while idle, the copy-on-write faults the start would pay (a few ms)
             _native.own_pages(sock.fileno())
         try:
-            message, fds, _flags, _addr = socket.recv_fds(sock, SPARE_MESSAGE, 2)
+            message, fds, _flags, _addr = socket.recv_fds(sock, SPARE_MESSAGE, 3)
         except OSError:
             os._exit(0)
         sock.close()
@@ -445,9 +449,15 @@ class Service:
             os._exit(0)
 
         def start_handed_over() -> tuple[int, str]:
-            argv, config_env, state, start, with_pid_fd, planned = pickle.loads(message)
-            pid_fd = fds[1] if with_pid_fd and len(fds) > 1 else None
+            whole, argv, config_env, state, start, with_pid_fd, with_ns, planned, cdi = pickle.loads(message)
+            if len(fds) != 1 + with_pid_fd + with_ns:  # never a start in a namespace other than the client's
+                raise ServiceError(f"the spare got {len(fds)} descriptors for a start that has "
+                                   f"{1 + with_pid_fd + with_ns}")
+            pid_fd = fds[1] if with_pid_fd else None
+            request = protocol.Request(argv, config_env, state, pid_fd)
             vet = functools.partial(check_pid_fd, pid_fd=pid_fd)
+            if whole:
+                return self._whole_call(request, fds[-1] if with_ns else None, start, vet, cdi)
             config_path = prestart.config_path_for(argv, config_env)
             return prestart.handle(config_path, lambda: state, start, load=self.load, before_inject=vet,
                                    plan=lambda _config, _request: planned)
@@ -566,38 +576,41 @@ class Service:
 
     def _serve_in_child(self, conn: socket.socket, request: protocol.Request, client_ns: int | None, start: float,
                         vet: Callable[[int], int | None], cdi: HookArgs | None = None) -> None:
-        """The whole call in a child, as the in-process entry would run it where the client is: a client in
-        another mount namespace (a runtime with its own /sys/fs/cgroup or /proc; a CDI createContainer hook,
-        which runs in the container's) is joined first, so its config file, its cgroup mounts, its /proc and so
-        the PID namespace the state's pid is in are what the start uses; nothing of this process's warm config
-        or plans is. `cdi`: a createContainer hook's parsed command line (inject/containerhooks.run_hook)."""
-        try:
-            pid = self._fork(conn)
-        except OSError as exc:
-            pid = -1
-            self._answer(conn, 1, f"gpuhook-hook: service: {render(exc)}")
-        if pid != 0:  # the parent (or no child): the descriptors are the child's alone
-            if client_ns is not None:
-                os.close(client_ns)
-            if request.pid_fd is not None:
-                os.close(request.pid_fd)
-            return
+        """The whole call in a child (the spare when one waits, else one forked for it), as the in-process entry
+        would run it where the client is (_whole_call). `cdi`: a createContainer hook's parsed command line
+        (inject/containerhooks.run_hook)."""
+        if not self._hand_over(conn, request, start, None, client_ns, cdi, whole=True):
+            try:
+                pid = self._fork(conn)
+            except OSError as exc:
+                pid = -1
+                self._answer(conn, 1, f"gpuhook-hook: service: {render(exc)}")
+            if pid == 0:
+                self._finish_in_child(conn, lambda: self._whole_call(request, client_ns, start, vet, cdi))
+        if client_ns is not None:  # the parent: the descriptors are the child's (or the spare's) alone
+            os.close(client_ns)
+        if request.pid_fd is not None:
+            os.close(request.pid_fd)
 
-        def whole_call() -> tuple[int, str]:
-            if client_ns is not None:
-                from gpuhook import _native
+    @staticmethod
+    def _whole_call(request: protocol.Request, client_ns: int | None, start: float, vet: Callable[[int], int | None],
+                    cdi: HookArgs | None) -> tuple[int, str]:
+        """In a child: a client in another mount namespace (a runtime with its own /sys/fs/cgroup or /proc; a CDI
+        createContainer hook, which runs in the container's) is joined first, so its config file, its cgroup
+        mounts, its /proc and so the PID namespace the state's pid is in are what the start uses; nothing of the
+        service's warm config or plans is."""
+        if client_ns is not None:
+            from gpuhook import _native
 
-                _native.setns(client_ns, _native.CLONE_NEWNS)
-                os.close(client_ns)
-            if cdi is not None:  # as `gpuhook cdi-hook …` in-process (cli/entry.run_lean): errors.outcome
-                from gpuhook.errors import outcome
-                from gpuhook.inject.containerhooks import run_hook
+            _native.setns(client_ns, _native.CLONE_NEWNS)
+            os.close(client_ns)
+        if cdi is not None:  # as `gpuhook cdi-hook …` in-process (cli/entry.run_lean): errors.outcome
+            from gpuhook.errors import outcome
+            from gpuhook.inject.containerhooks import run_hook
 
-                return outcome(lambda: run_hook(cdi, request.state))
-            config_path = prestart.config_path_for(request.argv, request.config_env)
-            return prestart.handle(config_path, lambda: request.state, start, before_inject=vet)
-
-        self._finish_in_child(conn, whole_call)
+            return outcome(lambda: run_hook(cdi, request.state))
+        config_path = prestart.config_path_for(request.argv, request.config_env)
+        return prestart.handle(config_path, lambda: request.state, start, before_inject=vet)
 
     def _enter_child(self) -> None:
         """In the forked child: one start, then exit, so no collector, no signal handlers, no listener."""
