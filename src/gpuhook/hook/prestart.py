@@ -15,6 +15,7 @@ import time
 
 from gpuhook.hook.log import append_log
 from gpuhook.model import contract
+from gpuhook.model.record import Record
 from gpuhook.oci.bundle import load_bundle, parse_state, read_stdin_state, state_id
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
@@ -71,17 +72,22 @@ def _parse_args(argv: list[str]) -> tuple[str | None, str]:
     return config, stage
 
 
-def run(state_text: bytes, config: Config, before_inject: Callable[[int], int | None] | None = None,
-        plan: Callable[[Config, Request], Planned] | None = None) -> str:
-    """Handle one container; returns the log summary. Raises GpuhookError for a start that must fail.
+class Decided(Record):
+    """What was decided for a container that gets GPUs, everything its injection needs (the service's spare takes
+    it as the service made it, rather than reading the state, config.json and the request again)."""
 
-    Everything up to the plan only reads (the state, config.json, the request, the inventory), so the service runs
-    it in its resident process; `before_inject(pid)` (the state's) is called right before a container is touched (never
-    for one that asks for no GPU, nor for one refused while planning). Whoever passes it promises that the process
-    it returns in is a disposable child (the service forks one there), which then joins the container's mount
-    namespace itself instead of forking once more for it. What it returns, when not None, is a descriptor of the
-    container process's /proc/<pid> directory to reach it through instead of the state's pid (the service's
-    client opened it where that pid means that process). `plan` is plan_request, or the service's memo of it."""
+    state_id: str
+    pid: int
+    rootfs: str
+    planned: Planned
+    notes: str  # the request's notes, as the log line words them
+    cdi_ignored: tuple[str, ...]  # CDI names the runtime did not apply, recorded for the plugin (hook/cdiignored.py)
+
+
+def decide(state_text: bytes, config: Config, plan: Callable[[Config, Request], Planned] | None = None,
+           ) -> Decided | str:
+    """The read-only part of a start: the state, config.json, the request and its plan; a str is the log summary
+    of a container left untouched. Raises GpuhookError for a start that must fail (a refused request)."""
     state = parse_state(state_text)
     bundle = load_bundle(state.bundle)
     annotations = {**bundle.annotations, **state.annotations}
@@ -102,14 +108,34 @@ def run(state_text: bytes, config: Config, before_inject: Callable[[int], int | 
         from gpuhook.errors import InjectionError
 
         raise InjectionError("OCI state has no pid: run gpuhook-hook at the prestart or createRuntime stage")
-    via_fd = before_inject(state.pid) if before_inject is not None else None
-    recorded = ""  # written by whoever injects (the service's spare runs this function again up to before_inject,
-    if request.cdi_ignored:  # so nothing before that point may have an effect); from the host, before injecting
+    return Decided(state.id, state.pid, bundle.rootfs, planned, notes, request.cdi_ignored)
+
+
+def run(state_text: bytes, config: Config, before_inject: Callable[[Decided], int | None] | None = None,
+        plan: Callable[[Config, Request], Planned] | None = None, decided: Decided | None = None) -> str:
+    """Handle one container; returns the log summary. Raises GpuhookError for a start that must fail.
+
+    Everything up to the plan (decide) only reads, so the service runs it in its resident process;
+    `before_inject(decided)` is called right before a container is touched (never for one that asks for no GPU,
+    nor for one refused while planning). Whoever passes it promises that the process it returns in is a
+    disposable child (the service forks one there, or hands the decision to its spare, which passes it here as
+    `decided` and so reads nothing again), which then joins the container's mount namespace itself instead of
+    forking once more for it. What it returns, when not None, is a descriptor of the container process's
+    /proc/<pid> directory to reach it through instead of the state's pid (the service's client opened it where
+    that pid means that process). `plan` is plan_request, or the service's memo of it."""
+    if decided is None:
+        outcome = decide(state_text, config, plan)
+        if isinstance(outcome, str):
+            return outcome
+        decided = outcome
+    via_fd = before_inject(decided) if before_inject is not None else None
+    recorded = ""  # written by whoever injects, from the host, before injecting (nothing before this point may
+    if decided.cdi_ignored:  # have an effect: the service decides, and its spare or a fork injects)
         from gpuhook.hook.cdiignored import note
 
-        recorded = note(config.state_dir, state.id, request.cdi_ignored)
-    return f"{state.id} " + _inject(config, state.pid, bundle.rootfs, planned, before_inject is not None, via_fd) \
-        + notes + recorded
+        recorded = note(config.state_dir, decided.state_id, decided.cdi_ignored)
+    return f"{decided.state_id} " + _inject(config, decided.pid, decided.rootfs, decided.planned,
+                                            before_inject is not None, via_fd) + decided.notes + recorded
 
 
 def _inject(config: Config, pid: int, rootfs: str, planned: Planned, disposable: bool, via_fd: int | None) -> str:
@@ -137,14 +163,16 @@ def config_path_for(argv: list[str], config_env: str | None) -> str | None:
 
 def handle(config_path: str | None, read_state: Callable[[], bytes], start: float,
            load: Callable[[str | None], Config] | None = None,
-           before_inject: Callable[[int], int | None] | None = None,
-           plan: Callable[[Config, Request], Planned] | None = None) -> tuple[int, str]:
+           before_inject: Callable[[Decided], int | None] | None = None,
+           plan: Callable[[Config, Request], Planned] | None = None,
+           decided: Decided | None = None) -> tuple[int, str]:
     """One container start, as `main` and `gpuhook service` run it: (exit status, the one stderr line or "").
 
     Every failure (OSError and bugs included) is one escaped, bounded line (errors.render), the same text in the
-    log line; `load` reads the config (the service passes its warm one); `before_inject` and `plan` go to run
-    (the service: fork there, its plan memo). A BaseException that is no Exception (the service parent's word
-    that a child took the start over) passes through, with nothing logged."""
+    log line; `load` reads the config (the service passes its warm one); `before_inject`, `plan` and `decided`
+    go to run (the service: fork or hand over there, its plan memo; its spare: the decision handed over). A
+    BaseException that is no Exception (the service parent's word that a child took the start over) passes
+    through, with nothing logged."""
     log_file = "/var/log/gpuhook.log"
     state_text = b""
     line = ""
@@ -154,7 +182,7 @@ def handle(config_path: str | None, read_state: Callable[[], bytes], start: floa
             from gpuhook.hook.config import load_config as load
         config = load(config_path)
         log_file = config.log_file
-        summary, code = run(state_text, config, before_inject, plan), 0
+        summary, code = run(state_text, config, before_inject, plan, decided), 0
     except Exception as exc:  # noqa: BLE001 - a bug still fails the start with one line, never a traceback
         from gpuhook.errors import render
 

@@ -21,7 +21,6 @@ Safety rules (README "The hook service"):
 from __future__ import annotations
 
 import contextlib
-import functools
 import gc
 import os
 import signal
@@ -157,6 +156,11 @@ def peer_mount_namespace(pid: int) -> int | None:
         os.close(fd)
         return None
     return fd
+
+
+def vetter(pid_fd: int | None) -> Callable[[prestart.Decided], int | None]:
+    """prestart's before_inject for a client that sent `pid_fd`: check_pid_fd on the decided start's pid."""
+    return lambda decided: check_pid_fd(decided.pid, pid_fd)
 
 
 def check_pid_fd(pid: int, pid_fd: int | None) -> int | None:
@@ -399,12 +403,14 @@ class Service:
         if pid is not None:
             self.spent.add(pid)
 
-    def _hand_over(self, conn: socket.socket, request: protocol.Request, start: float, planned: Planned | None,
-                   client_ns: int | None = None, cdi: HookArgs | None = None, whole: bool = False) -> bool:
+    def _hand_over(self, conn: socket.socket, request: protocol.Request, start: float,
+                   decided: prestart.Decided | None, client_ns: int | None = None, cdi: HookArgs | None = None,
+                   whole: bool = False) -> bool:
         """Give this start to the spare (True: it answers `conn` from here on, recorded as a child), or leave it
         here (False: no spare, or the message could not go, whole or not at all: a SOCK_SEQPACKET). Either way
-        the spare is used up. A start planned here goes with its plan, because planning may change what the next
-        planning sees (a refused inventory cache replaced by a scan, noted once); a `whole` call (_serve_in_child's:
+        the spare is used up. A start decided here goes with its decision (prestart.Decided: the plan, the pid, the
+        rootfs): the spare reads nothing again, and planning, which may change what the next planning sees (a
+        refused inventory cache replaced by a scan, noted once), is done once; a `whole` call (_serve_in_child's:
         a client in another mount namespace, `client_ns`, or a CDI hook, `cdi`) goes as it came, to be run whole
         there. The descriptors go along: the connection, the /proc/<pid> fd, the client's namespace."""
         if self.spare is None:
@@ -413,7 +419,7 @@ class Service:
 
         pid, sock = self.spare
         message = pickle.dumps((whole, request.argv, request.config_env, request.state, start,
-                                request.pid_fd is not None, client_ns is not None, planned, cdi),
+                                request.pid_fd is not None, client_ns is not None, decided, cdi),
                                protocol=pickle.HIGHEST_PROTOCOL)
         fds = [conn.fileno()] + [fd for fd in (request.pid_fd, client_ns) if fd is not None]
         sent = False
@@ -431,8 +437,8 @@ class Service:
 
     def _serve_as_spare(self, sock: socket.socket) -> None:
         """In the spare: wait for the one start handed over (_hand_over), then run it as a child forked for it
-        would (a planned start: prestart.handle with the parent's plan, reading the state, config.json and the
-        request again, which has no effect, then this process joining the container; a whole call: _whole_call),
+        would (a decided start: prestart.handle with the parent's decision, then this process joining the
+        container; a whole call: _whole_call),
         answer and exit; exit at once when the parent lets it go (the socket's end) or sends nothing usable."""
         import pickle
 
@@ -449,18 +455,18 @@ class Service:
             os._exit(0)
 
         def start_handed_over() -> tuple[int, str]:
-            whole, argv, config_env, state, start, with_pid_fd, with_ns, planned, cdi = pickle.loads(message)
+            whole, argv, config_env, state, start, with_pid_fd, with_ns, decided, cdi = pickle.loads(message)
             if len(fds) != 1 + with_pid_fd + with_ns:  # never a start in a namespace other than the client's
                 raise ServiceError(f"the spare got {len(fds)} descriptors for a start that has "
                                    f"{1 + with_pid_fd + with_ns}")
             pid_fd = fds[1] if with_pid_fd else None
             request = protocol.Request(argv, config_env, state, pid_fd)
-            vet = functools.partial(check_pid_fd, pid_fd=pid_fd)
+            vet = vetter(pid_fd)
             if whole:
                 return self._whole_call(request, fds[-1] if with_ns else None, start, vet, cdi)
             config_path = prestart.config_path_for(argv, config_env)
             return prestart.handle(config_path, lambda: state, start, load=self.load, before_inject=vet,
-                                   plan=lambda _config, _request: planned)
+                                   decided=decided)
 
         self._finish_in_child(socket.socket(fileno=fds[0]), start_handed_over)
 
@@ -500,7 +506,7 @@ class Service:
                 os.close(request.pid_fd)
             self._serve_command(conn, request, peer_pid)
             return
-        vet = functools.partial(check_pid_fd, pid_fd=request.pid_fd)  # before_inject, wherever the start runs
+        vet = vetter(request.pid_fd)  # before_inject, wherever the start runs
         if request.argv[:1] == ["cdi-hook"]:  # a CDI spec's createContainer hook: always a child (it mutates)
             from gpuhook.inject.containerhooks import parse_hook_args
 
@@ -517,18 +523,11 @@ class Service:
             self._serve_in_child(conn, request, client_ns, start, vet)
             return
         child = False
-        planned: Planned | None = None  # this start's plan, which a spare takes as made here
 
-        def plan(config: Config, request: Request) -> Planned:
-            nonlocal planned
-            planned = self.plan(config, request)
-            return planned
-
-        def fork_for_injection(pid: int) -> int | None:
+        def fork_for_injection(decided: prestart.Decided) -> int | None:
             nonlocal child
-            via_fd = vet(pid)
-            handed = planned is not None and self._hand_over(conn, request, start, planned)
-            if handed or self._fork(conn):
+            via_fd = vet(decided)
+            if self._hand_over(conn, request, start, decided) or self._fork(conn):
                 raise _Forked
             child = True  # a disposable process from here on: it joins the container's mount namespace itself
             return via_fd
@@ -540,7 +539,7 @@ class Service:
                 self._answer_exit(conn, exc)
                 return
             code, line = prestart.handle(config_path, lambda: request.state, start, load=self.load,
-                                         before_inject=fork_for_injection, plan=plan)
+                                         before_inject=fork_for_injection, plan=self.plan)
             self._answer(conn, code, line)
             if child:
                 os._exit(0 if code == 0 else 1)
@@ -575,7 +574,7 @@ class Service:
         self._answer(conn, code, err, out)
 
     def _serve_in_child(self, conn: socket.socket, request: protocol.Request, client_ns: int | None, start: float,
-                        vet: Callable[[int], int | None], cdi: HookArgs | None = None) -> None:
+                        vet: Callable[[prestart.Decided], int | None], cdi: HookArgs | None = None) -> None:
         """The whole call in a child (the spare when one waits, else one forked for it), as the in-process entry
         would run it where the client is (_whole_call). `cdi`: a createContainer hook's parsed command line
         (inject/containerhooks.run_hook)."""
@@ -593,8 +592,8 @@ class Service:
             os.close(request.pid_fd)
 
     @staticmethod
-    def _whole_call(request: protocol.Request, client_ns: int | None, start: float, vet: Callable[[int], int | None],
-                    cdi: HookArgs | None) -> tuple[int, str]:
+    def _whole_call(request: protocol.Request, client_ns: int | None, start: float,
+                    vet: Callable[[prestart.Decided], int | None], cdi: HookArgs | None) -> tuple[int, str]:
         """In a child: a client in another mount namespace (a runtime with its own /sys/fs/cgroup or /proc; a CDI
         createContainer hook, which runs in the container's) is joined first, so its config file, its cgroup
         mounts, its /proc and so the PID namespace the state's pid is in are what the start uses; nothing of the
