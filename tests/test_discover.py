@@ -300,3 +300,29 @@ def test_nvml_queried_in_a_child_brings_back_its_error_or_says_it_died(tmp_path:
     subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
     with pytest.raises(DiscoveryError, match=f"^NVML query of {library} died without an answer$"):
         nvml.query_in_child(str(library))
+
+
+def test_files_scanned_beside_nvml_for_another_version_are_scanned_again(fake_driver_factory: Any) -> None:
+    """The driver's files are scanned for the version libnvidia-ml.so.1's file name carries while NVML is asked
+    (scan._files_beside); where NVML reports another version, they are scanned again for that one: here the
+    library's file says 999.9.9, NVML the fake's version, and the inventory holds the fake's version's files."""
+    fake = fake_driver_factory(gpus=1, fresh=True)
+    lib_dir = Path(fake.root) / catalogue.LIB_DIR.lstrip("/")
+    real = lib_dir / f"libnvidia-ml.so.{fake.driver_version}"
+    real.rename(lib_dir / "libnvidia-ml.so.999.9.9")
+    (lib_dir / "libnvidia-ml.so.1").unlink()
+    (lib_dir / "libnvidia-ml.so.1").symlink_to("libnvidia-ml.so.999.9.9")
+    data = info_json(fake)
+    assert data["source"] == "nvml" and data["driver_version"] == fake.driver_version
+    libs = {f["path"].rsplit("/", 1)[1] for f in data["files"] if f["kind"] == "lib"}
+    others = {lib.path.rsplit("/", 1)[1] for lib in fake.others if lib.path.startswith(catalogue.LIB_DIR)}
+    wanted = {spec.file_name(fake.driver_version) for spec in catalogue.LIBRARIES} | others
+    assert libs == wanted - {real.name} and f"libcuda.so.{fake.driver_version}" in libs  # 999.9.9's file: not its
+
+
+def test_version_in_a_library_name() -> None:
+    from gpuhook.discover.nvml import version_in_name
+
+    assert version_in_name("/r/usr/lib/libnvidia-ml.so.550.54.15") == "550.54.15"
+    assert [version_in_name(p) for p in ("/libnvidia-ml.so.1", "libnvidia-ml.so.5x.1", "libcuda.so.550.54",
+                                         "libnvidia-ml.so.", "libnvidia-ml.so.550.")] == [None] * 5

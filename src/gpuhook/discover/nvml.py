@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 
 from gpuhook.errors import DiscoveryError
@@ -321,15 +321,25 @@ def _drop_device_powers() -> None:
 
 
 def query_in_child(library_path: str) -> NvmlReport:
+    """`query` in a forked child (start_query), waited for at once."""
+    return start_query(library_path)()
+
+
+def start_query(library_path: str) -> Callable[[], NvmlReport]:
     """`query` in a forked child that cannot create device nodes or load modules and exits afterwards: no
     gpuhook process keeps libnvidia-ml loaded, and a driver root whose kernel side is absent cannot make
-    NVML create /dev/nvidia* on the host. The report comes back as plain values through `marshal` (built in;
-    pickle's import is ~2 ms of a cold discovery)."""
+    NVML create /dev/nvidia* on the host. Started now; the function returned waits for its report (the caller
+    scans the driver's files meanwhile: discover/scan.py), raising DiscoveryError with the child's one line.
+
+    A single-threaded caller leaves pynvml's import (~7 ms) to the child too, beside its own work; a process
+    with other threads imports it first, since a thread importing at the fork would leave the child a module
+    lock nobody releases. The report comes back as plain values through `marshal` (built in; pickle's import is
+    ~2 ms of a cold discovery)."""
     import marshal
     import os
 
-    import_pynvml()  # before fork: a child must not take the import lock
-
+    if threading.active_count() > 1:
+        import_pynvml()
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -345,18 +355,32 @@ def query_in_child(library_path: str) -> NvmlReport:
         finally:
             os._exit(0)
     os.close(w)
-    with os.fdopen(r, "rb") as pipe:
-        data = pipe.read()
-    os.waitpid(pid, 0)
-    try:
-        ok, values = marshal.loads(data)
-        if not ok:
-            raise DiscoveryError(str(values))
-        return _report_from(values)
-    except DiscoveryError:
-        raise
-    except Exception:  # noqa: BLE001 - a child that died mid-way
-        raise DiscoveryError(f"NVML query of {library_path} died without an answer") from None
+
+    def report() -> NvmlReport:
+        with os.fdopen(r, "rb") as pipe:
+            data = pipe.read()
+        os.waitpid(pid, 0)
+        try:
+            ok, values = marshal.loads(data)
+            if not ok:
+                raise DiscoveryError(str(values))
+            return _report_from(values)
+        except DiscoveryError:
+            raise
+        except Exception:  # noqa: BLE001 - a child that died mid-way
+            raise DiscoveryError(f"NVML query of {library_path} died without an answer") from None
+
+    return report
+
+
+def version_in_name(library_path: str) -> str | None:
+    """The driver version a `libnvidia-ml.so.<version>` file name carries (the file libnvidia-ml.so.1 leads to),
+    else None: what NVML will most likely report, so the driver's files can be scanned while it is asked."""
+    name = library_path.rpartition("/")[2]
+    prefix = "libnvidia-ml.so."
+    version = name[len(prefix):] if name.startswith(prefix) else ""
+    parts = version.split(".")
+    return version if len(parts) >= 2 and all(p.isdigit() for p in parts) else None
 
 
 def _report_values(report: NvmlReport) -> tuple[object, ...]:

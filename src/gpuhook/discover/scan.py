@@ -16,6 +16,10 @@ from gpuhook.model import catalogue
 from gpuhook.model.edits import CUDA_SONAME
 from gpuhook.model.inventory import DeviceNode, DriverFile, Gpu, Inventory, MigDevice, NvLink
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from gpuhook.discover.nvml import NvmlReport
+
 __all__ = ["METHODS", "discover", "nvml_library"]
 
 METHODS = ("auto", "nvml", "procfs")
@@ -72,10 +76,7 @@ def _gpu(roots: Roots, index: int, minor: int, uuid: str, bus_id: str, **extra: 
     )
 
 
-def _from_nvml(roots: Roots, library: str) -> tuple[str, str, list[Gpu]]:
-    from gpuhook.discover import nvml
-
-    report = nvml.query_in_child(library)
+def _from_nvml(roots: Roots, report: NvmlReport) -> tuple[str, str, list[Gpu]]:
     gpus = []
     for g in report.gpus:
         migs = [_mig_device(roots, g.index, g.minor, m.index, m.uuid, m.gi, m.ci, m.profile, m.memory_mib)
@@ -150,6 +151,18 @@ def _cuda_from_libcuda(files: list[DriverFile], notes: list[str]) -> str:
         return ""
 
 
+def _files_beside(roots: Roots, version: str | None, mps_pipe_dir: str | None) -> tuple[str, list[DriverFile]] | None:
+    """all_files for `version` while NVML's child is asked (None without a version, or where the scan fails:
+    then it is done again, for the version found, and fails there in its own words; meanwhile the child must
+    still be waited for)."""
+    if version is None:
+        return None
+    try:
+        return version, all_files(roots.driver_root, version, mps_pipe_dir)
+    except Exception:  # noqa: BLE001 - ahead of time only: the scan for the version found says what is wrong
+        return None
+
+
 def discover(roots: Roots, method: str = "auto", mps_pipe_dir: str | None = None) -> Inventory:
     """Everything the driver at `roots` offers. Raises DiscoveryError with one line on failure."""
     if method not in METHODS:
@@ -159,13 +172,20 @@ def discover(roots: Roots, method: str = "auto", mps_pipe_dir: str | None = None
     reasons: list[str] = []
     result: tuple[str, str, list[Gpu]] | None = None
     source = "procfs"
+    if mps_pipe_dir is None:
+        mps_pipe_dir = os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or None
+    early: tuple[str, list[DriverFile]] | None = None  # the files for the version NVML will most likely report
     if method in ("auto", "nvml"):
         library = nvml_library(roots.driver_root)
         if library is None:
             reasons.append(f"no libnvidia-ml.so.1 under {roots.driver_root}")
         else:
+            from gpuhook.discover import nvml
+
+            report = nvml.start_query(library)
+            early = _files_beside(roots, nvml.version_in_name(library), mps_pipe_dir)
             try:
-                result = _from_nvml(roots, library)
+                result = _from_nvml(roots, report())
                 source = "nvml"
             except DiscoveryError as exc:
                 reasons.append(str(exc))
@@ -178,9 +198,8 @@ def discover(roots: Roots, method: str = "auto", mps_pipe_dir: str | None = None
             raise DiscoveryError(f"no NVIDIA driver found under {roots.driver_root}: " + "; ".join(reasons))
         result = _from_procfs(roots)
     version, cuda, gpus = result
-    if mps_pipe_dir is None:
-        mps_pipe_dir = os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or None
-    files = all_files(roots.driver_root, version, mps_pipe_dir)
+    files = early[1] if early is not None and early[0] == version else all_files(roots.driver_root, version,
+                                                                                 mps_pipe_dir)
     if not cuda:
         cuda = _cuda_from_libcuda(files, reasons)
     params = os.path.join(roots.proc_root, "driver/nvidia/params")
