@@ -9,6 +9,7 @@ import json
 import os
 import stat
 import struct
+import subprocess
 import textwrap
 from pathlib import Path
 
@@ -272,6 +273,40 @@ def test_allow_devices_v1_on_fake_hierarchy(tmp_path: Path) -> None:
     (cg / "ctr-1" / "devices.allow").unlink()
     with pytest.raises(FileNotFoundError, match="devices.allow"):
         allow_devices(4242, [DeviceRule("c", 195, 7)], proc_root=proc, mountinfo=mi)
+
+
+def test_a_grant_opened_on_the_host_is_applied_from_where_its_path_is_hidden(tmp_path: Path) -> None:
+    """devcgroup.open_grant opens the cgroup where it is visible; Grant.apply widens it from wherever the caller
+    is by then (the injecting process: the container's mount namespace, while ldconfig runs). Here the hierarchy
+    is covered by a tmpfs in a private mount namespace before apply, and the rule still reaches it; a grant
+    without rules opens nothing."""
+    from support.e2e import need_root
+
+    need_root()
+    cg = tmp_path / "cg"
+    (cg / "ctr-1").mkdir(parents=True)
+    (cg / "ctr-1" / "devices.allow").write_text("")
+    proc, mi = write_fake(tmp_path, PROC_V1, f"36 31 0:33 / {cg} rw - cgroup cgroup rw,devices\n")
+    assert dc.open_grant(4242, [], proc_root=proc, mountinfo=mi).fd == -1
+    grant = dc.open_grant(4242, [DeviceRule("c", 195, 7), DeviceRule("c", 195, 255, "rwm")], proc_root=proc,
+                          mountinfo=mi)
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            from gpuhook import _native
+
+            _native.unshare(_native.CLONE_NEWNS)
+            subprocess.run(["mount", "--make-rprivate", "/"], check=True)
+            subprocess.run(["mount", "-t", "tmpfs", "none", str(cg)], check=True)
+            code = 0 if not (cg / "ctr-1").exists() else 2  # hidden here
+            grant.apply()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    grant.close()
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert (cg / "ctr-1" / "devices.allow").read_text() == "c 195:7 rwc 195:255 rwm" and grant.fd == -1
 
 
 def test_module_imports_are_lean() -> None:

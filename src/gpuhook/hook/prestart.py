@@ -139,19 +139,23 @@ def run(state_text: bytes, config: Config, before_inject: Callable[[Decided], in
 
 
 def _inject(config: Config, pid: int, rootfs: str, planned: Planned, disposable: bool, via_fd: int | None) -> str:
-    """The container's device cgroup widened, from the host's mount namespace (so first: a `disposable` process
-    leaves it for the container's, apply.inject fork=False), then its files, nodes and ld cache applied. The
-    process is /proc/<pid>, or with `via_fd` the /proc/<pid> directory that descriptor holds (/proc/self/fd/N)."""
+    """The container's files, nodes and ld cache applied, its device cgroup widened while ldconfig runs (opened
+    first, from the host's mount namespace, which a `disposable` process leaves for the container's: apply.inject
+    fork=False). The process is /proc/<pid>, or with `via_fd` the /proc/<pid> directory that descriptor holds
+    (/proc/self/fd/N)."""
     from gpuhook.inject.apply import inject
-    from gpuhook.inject.devcgroup import DeviceRule, allow_devices
+    from gpuhook.inject.devcgroup import DeviceRule, open_grant
 
     edits = planned.edits
     procs, pid = ("/proc/self/fd", via_fd) if via_fd is not None else ("/proc", pid)
     rules = [DeviceRule(n.type, n.major, n.minor, "rwm") for n in edits.device_nodes]
-    cgroup = allow_devices(pid, rules, proc_root=procs)
-    inject(pid, rootfs, edits, config.ldconfig, proc_root=config.proc_root, host_proc_root=procs,
-           fork=not disposable)
-    return f"inject {planned.summary()} cgroup={cgroup}"
+    grant = open_grant(pid, rules, proc_root=procs)
+    try:
+        inject(pid, rootfs, edits, config.ldconfig, proc_root=config.proc_root, host_proc_root=procs,
+               fork=not disposable, beside=grant.apply)
+    finally:
+        grant.close()
+    return f"inject {planned.summary()} cgroup={grant.version}"
 
 
 def config_path_for(argv: list[str], config_env: str | None) -> str | None:

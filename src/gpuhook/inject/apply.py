@@ -106,20 +106,25 @@ def apply_in_namespace(
     ldconfig_fd: int,
     proc_root: str,
     userns_root: tuple[int, int] | None = None,
+    beside: Callable[[], None] | None = None,
 ) -> None:
     """Everything that happens inside the container's mount namespace (the caller has joined it).
 
     With `userns_root` (a container with its own user namespace), `sources` also holds a clone of each device
-    node's host node, keyed by its container path, bound instead of made with mknod."""
+    node's host node, keyed by its container path, bound instead of made with mknod. `beside` runs while
+    ldconfig does, before the nodes (the device cgroup's grant, opened on the host: devcgroup.Grant.apply)."""
     os.umask(0)
     with RootFS(rootfs_path, owner=userns_root) as root:
         for m in edits.mounts:
             mounts.bind(root, sources[m.container_path], m.container_path, m.options)
         for link in edits.symlinks:
             root.symlink(link.target, link.link)
-        # ldconfig needs the libraries and their links; the device nodes and /proc/driver/nvidia are made while it
-        # runs (a process that joined a container's namespace exists for that container alone: disposable)
+        # ldconfig needs the libraries and their links; the cgroup's grant, the device nodes and /proc/driver/nvidia
+        # are made while it runs (a process that joined a container's namespace exists for that container alone:
+        # disposable)
         with _ldconfig_running(root, edits, ldconfig_fd):
+            if beside is not None:
+                beside()
             for node in edits.device_nodes:
                 if userns_root is None:
                     root.mknod(node.path, node.mode, node.major, node.minor, node.type)
@@ -182,9 +187,11 @@ def inject(
     proc_root: str = "/proc",
     host_proc_root: str = "/proc",
     fork: bool = True,
+    beside: Callable[[], None] | None = None,
 ) -> None:
     """Apply `edits` to the container whose init process is `pid` (prestart: namespaces exist, no pivot yet);
-    `fork=False`: run_in_mount_namespace's, for a disposable caller that may leave the host's namespace."""
+    `fork=False`: run_in_mount_namespace's, for a disposable caller that may leave the host's namespace;
+    `beside`: apply_in_namespace's, run in the container's namespace while ldconfig runs."""
     userns_root = user_namespace_root(pid, host_proc_root)
     sources: dict[str, int] = {}
     try:
@@ -201,7 +208,7 @@ def inject(
     try:
         run_in_mount_namespace(
             pid,
-            lambda: apply_in_namespace(rootfs_path, edits, sources, ldconfig_fd, proc_root, userns_root),
+            lambda: apply_in_namespace(rootfs_path, edits, sources, ldconfig_fd, proc_root, userns_root, beside),
             host_proc_root,
             fork,
         )

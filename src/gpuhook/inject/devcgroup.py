@@ -24,8 +24,8 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
     from types import ModuleType
 
-__all__ = ["DeviceRule", "allow_devices", "allow_v1", "allow_v2", "assemble_allow_prefix", "CgroupTarget",
-           "find_cgroup"]  # fmt: skip
+__all__ = ["DeviceRule", "Grant", "allow_devices", "allow_v1", "allow_v2", "assemble_allow_prefix",
+           "CgroupTarget", "find_cgroup", "open_grant"]  # fmt: skip
 
 # struct bpf_cgroup_dev_ctx { u32 access_type; u32 major; u32 minor; }
 CTX_ACCESS_TYPE, CTX_MAJOR, CTX_MINOR = 0, 4, 8
@@ -91,19 +91,57 @@ def allow_devices(
     proc_root: str = "/proc",
     mountinfo: str = "/proc/self/mountinfo",
 ) -> str:
-    """Let the container whose init is `pid` use the devices in `rules`; returns "v1" or "v2".
+    """Let the container whose init is `pid` use the devices in `rules`; returns "v1" or "v2" (open_grant, then
+    its apply at once)."""
+    grant = open_grant(pid, rules, proc_root, mountinfo)
+    try:
+        grant.apply()
+    finally:
+        grant.close()
+    return grant.version
+
+
+class Grant:
+    """The container's device cgroup, opened where it is visible (the runtime's mount namespace), widened for
+    `rules` later from wherever the caller is by then: the injecting process does it from the container's mount
+    namespace while ldconfig runs. v1: its devices.allow open for writing; v2: its directory (-1: no rules)."""
+
+    __slots__ = ("version", "path", "fd", "rules")
+
+    def __init__(self, version: str, path: str, fd: int, rules: Sequence[DeviceRule]) -> None:
+        self.version, self.path, self.fd, self.rules = version, path, fd, tuple(rules)
+
+    def apply(self) -> None:
+        """Widen the cgroup for the rules. Raises OSError (a syscall failed) or RuntimeError (a filter we cannot
+        rebuild)."""
+        if self.fd < 0:
+            return
+        if self.version == "v1":
+            _write_v1(self.fd, os.path.join(self.path, "devices.allow"), self.rules)
+        else:
+            _rebuild_v2(self.fd, self.path, self.rules)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def open_grant(pid: int, rules: Sequence[DeviceRule], proc_root: str = "/proc",
+               mountinfo: str = "/proc/self/mountinfo") -> Grant:
+    """The device cgroup of the container whose init is `pid`, opened for a Grant of `rules`.
 
     The cgroup comes from `<proc_root>/<pid>/cgroup`, the mounts from `mountinfo` (the hook runs in the
-    runtime's mount namespace). A v2 cgroup without a device program has no device filter: nothing to do.
-    Raises OSError (a syscall failed) or RuntimeError (no usable cgroup; a filter we cannot rebuild).
-    """
+    runtime's mount namespace). A v2 cgroup without a device program has no device filter: apply does nothing.
+    Raises OSError (the cgroup cannot be opened) or RuntimeError (no usable cgroup)."""
     target = find_cgroup(pid, proc_root, mountinfo)
+    fd = -1
     if rules:
         if target.version == "v1":
-            allow_v1(target.path, rules)
+            fd = os.open(os.path.join(target.path, "devices.allow"), os.O_WRONLY | os.O_CLOEXEC)
         else:
-            allow_v2(target.path, rules)
-    return target.version
+            fd = os.open(target.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    return Grant(target.version, target.path, fd, rules)
 
 
 # --- finding the cgroup -----------------------------------------------------------------------------------
@@ -197,13 +235,18 @@ def allow_v1(directory: str, rules: Sequence[DeviceRule]) -> None:
     path = os.path.join(directory, "devices.allow")
     fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
     try:
-        for rule in rules:
-            try:
-                os.write(fd, rule.v1_line.encode())
-            except OSError as e:
-                raise OSError(e.errno, f"{e.strerror} (writing {rule.v1_line!r})", path) from None
+        _write_v1(fd, path, rules)
     finally:
         os.close(fd)
+
+
+def _write_v1(fd: int, path: str, rules: Sequence[DeviceRule]) -> None:
+    """Each rule to the devices.allow open at `fd`, one rule per write."""
+    for rule in rules:
+        try:
+            os.write(fd, rule.v1_line.encode())
+        except OSError as e:
+            raise OSError(e.errno, f"{e.strerror} (writing {rule.v1_line!r})", path) from None
 
 
 # --- cgroup v2 ----------------------------------------------------------------------------------------------
@@ -259,23 +302,28 @@ def check_relocatable(insns: bytes) -> None:
 def allow_v2(directory: str, rules: Sequence[DeviceRule]) -> None:
     """Rebuild every BPF_CGROUP_DEVICE program attached to the cgroup `directory` with an allow prefix for
     `rules`, replacing each in place. With no program attached there is no filter and nothing to do."""
-    from gpuhook import _native as nat
-
     cgroup_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        try:
-            prog_ids, attach_flags = nat.bpf_prog_query_flags(cgroup_fd, nat.BPF_CGROUP_DEVICE)
-        except OSError as e:
-            raise OSError(e.errno, f"BPF_PROG_QUERY: {e.strerror}", directory) from None
-        prefix = assemble_allow_prefix(rules)
-        for prog_id in prog_ids:
-            try:
-                _replace_program(nat, cgroup_fd, prog_id, attach_flags, prefix)
-            except OSError as e:
-                raise OSError(e.errno, f"rebuilding device filter program {prog_id}: {e.strerror}",
-                              directory) from None  # fmt: skip
+        _rebuild_v2(cgroup_fd, directory, rules)
     finally:
         os.close(cgroup_fd)
+
+
+def _rebuild_v2(cgroup_fd: int, directory: str, rules: Sequence[DeviceRule]) -> None:
+    """allow_v2 on the cgroup directory open at `cgroup_fd` (`directory` names it in errors)."""
+    from gpuhook import _native as nat
+
+    try:
+        prog_ids, attach_flags = nat.bpf_prog_query_flags(cgroup_fd, nat.BPF_CGROUP_DEVICE)
+    except OSError as e:
+        raise OSError(e.errno, f"BPF_PROG_QUERY: {e.strerror}", directory) from None
+    prefix = assemble_allow_prefix(rules)
+    for prog_id in prog_ids:
+        try:
+            _replace_program(nat, cgroup_fd, prog_id, attach_flags, prefix)
+        except OSError as e:
+            raise OSError(e.errno, f"rebuilding device filter program {prog_id}: {e.strerror}",
+                          directory) from None  # fmt: skip
 
 
 def _replace_program(nat: ModuleType, cgroup_fd: int, prog_id: int, attach_flags: int, prefix: bytes) -> None:

@@ -438,8 +438,8 @@ class Service:
     def _serve_as_spare(self, sock: socket.socket) -> None:
         """In the spare: wait for the one start handed over (_hand_over), then run it as a child forked for it
         would (a decided start: prestart.handle with the parent's decision, then this process joining the
-        container; a whole call: _whole_call),
-        answer and exit; exit at once when the parent lets it go (the socket's end) or sends nothing usable."""
+        container; a whole call: _whole_call), answer and exit; exit at once when the parent lets it go (the
+        socket's end) or sends nothing usable."""
         import pickle
 
         from gpuhook import _native
