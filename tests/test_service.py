@@ -605,15 +605,21 @@ def generate_cdi(args: list[str], cwd: Path, sock: Path, exe: str = sys.executab
                           timeout=120, env={**os.environ, "GPUHOOK_SERVICE_SOCKET": str(sock), **(env or {})})
 
 
+def _client_dir(root_tmp: Path, fake_driver: Any) -> tuple[Path, list[str]]:
+    """A client's working directory and generate-cdi arguments relative to it (the driver root, a hook path and
+    an inventory cache), so that a served command must use the client's cwd."""
+    work = root_tmp / "client"
+    work.mkdir()
+    driver = os.path.relpath(fake_driver.root, work)
+    return work, ["--driver-root", driver, "--proc-root", os.path.join(driver, "proc"), "--hook-path", "bin/hook",
+                  "--inventory-cache", "inv.json"]
+
+
 def test_generate_cdi_through_the_service_is_the_in_process_spec(gpu_service: Running, root_tmp: Path,
                                                                   fake_driver: Any) -> None:
     """Issue 21, item 1: the service answers `gpuhook generate-cdi`; stdout, --output (relative: the client's cwd)
     and errors are byte for byte what the command does in-process, which runs when nothing listens."""
-    work = root_tmp / "client"
-    work.mkdir()
-    driver = os.path.relpath(fake_driver.root, work)
-    args = ["--driver-root", driver, "--proc-root", os.path.join(driver, "proc"), "--hook-path", "bin/hook",
-            "--inventory-cache", "inv.json"]
+    work, args = _client_dir(root_tmp, fake_driver)
     none = root_tmp / "none.sock"
     local, served, again = (generate_cdi(args, work, sock) for sock in (none, gpu_service.sock, gpu_service.sock))
     assert local.returncode == served.returncode == again.returncode == 0, (local.stderr, served.stderr)
@@ -658,11 +664,7 @@ def test_the_native_entry_runs_generate_cdi_through_the_service(native: Path, gp
     stdout, a relative --output and an error are what the command gives in-process and no Python runs; with nothing
     listening, or declined (--help, an unknown option: click's words), the Python entry beside it runs the
     command, with the console script's result."""
-    work = root_tmp / "client"
-    work.mkdir()
-    driver = os.path.relpath(fake_driver.root, work)
-    args = ["--driver-root", driver, "--proc-root", os.path.join(driver, "proc"), "--hook-path", "bin/hook",
-            "--inventory-cache", "inv.json"]
+    work, args = _client_dir(root_tmp, fake_driver)
     none = root_tmp / "none.sock"
     local = generate_cdi(args, work, none)
     unserved = native_generate(native, args, work, none)
