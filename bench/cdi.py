@@ -9,11 +9,16 @@ with nothing listening, so it execs its Python fallback ("fallback"), the spec w
 console script (click, `site`), and the spec with its hooks removed (what the runtime's own nodes and bind
 mounts cost; the hooks' share is the rest). Targets (issue 21, through the service): <= 30 ms added vs no
 device, of which the container hook <= 6 ms; shown, never enforced.
+
+podman's own start spreads by more than the hook costs, so the container hook is also timed alone: the spec's
+own `cdi-hook update-container` command line run on a prepared bundle (a fresh busybox rootfs each round, the
+state on stdin), through the service, its fallback and the lean entry, paired with /bin/true.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 from collections.abc import Callable
@@ -31,6 +36,7 @@ from _common import (
     parse_args,
     print_table,
     row,
+    timed,
     workdir,
     write_json,
 )
@@ -40,6 +46,7 @@ from _containers import (
     fresh_rootfs,
     install_lean_entry,
     install_native_entry,
+    make_bundle,
     podman_run,
     start_service,
 )
@@ -94,9 +101,15 @@ def bench(args: argparse.Namespace) -> None:
 
             cases = {"none": case("none", specs["lean"], [])}
             cases.update({name: case(name, text, [DEVICE]) for name, text in specs.items()})
+            alone = {"true": alone_case(work, template, "true", ["/bin/true"], {})}
+            for name, spec in (("service", "service"), ("fallback", "fallback"), ("lean", "lean")):
+                hook = yaml.safe_load(specs[spec])["containerEdits"]["hooks"][0]
+                env = dict(e.split("=", 1) for e in hook.get("env", []))
+                alone[f"alone-{name}"] = alone_case(work, template, name, [hook["path"], *hook["args"][1:]], env)
             service = start_service(sock, None, work / "service.err")
             try:
                 samples = interleaved(cases, args.runs, warmup=2, seed=args.seed)
+                samples.update(interleaved(alone, args.runs, warmup=2, seed=args.seed))
             finally:
                 service.stop()
             for name in ("lean", "service", "fallback"):
@@ -116,10 +129,33 @@ def bench(args: argparse.Namespace) -> None:
              row("console-script spec - no device", paired(samples, "console", "none")),
              row("hooks removed - no device (runtime's share)", paired(samples, "no-hooks", "none")),
              row("lean spec - hooks removed (the hooks' share)", paired(samples, "lean", "no-hooks"))]
+    alone_rows = [row(f"the container hook alone: {kind} - /bin/true", paired(samples, f"alone-{kind}", "true"),
+                      HOOK_TARGET if kind == "service" else None) for kind in ("service", "fallback", "lean")]
     print_table(f"podman run wall time, {args.gpus}-GPU simulated driver", rows)
     print_table("CDI path overhead (paired per round)", added)
+    print_table("the spec's container hook alone on a prepared bundle (paired per round, /bin/true subtracted)",
+                alone_rows)
     write_json(args, {"gpus": args.gpus, "device": DEVICE, "entry": lean, "hooks": [h["args"][1:3] for h in hooks],
-                      "rows": rows, "overhead": added}, load_before)
+                      "rows": rows, "overhead": added, "alone": alone_rows}, load_before)
+
+
+def alone_case(work: Path, template: Path, name: str, argv: list[str], env: dict[str, str]) -> Callable[[int], float]:
+    """Milliseconds of `argv` (a spec's createContainer hook, or /bin/true) with an OCI state on stdin for a fresh
+    bundle: a busybox rootfs copied before the clock starts, so every round creates the links and the ld cache
+    anew. A hook that fails is a BenchError."""
+    def run(_round: int) -> float:
+        bundle = work / f"alone-{name}"
+        make_bundle(bundle, fresh_rootfs(template, bundle / "rootfs"), ["true"])
+        state = json.dumps({"ociVersion": "1.0.2", "id": f"alone-{name}", "pid": os.getpid(), "status": "creating",
+                            "bundle": str(bundle)})
+        ms, result = timed(argv, input=state, env={"PATH": "/usr/bin:/bin", **env})
+        if result.returncode != 0:
+            raise BenchError(f"{name}: {argv[0]} failed ({result.returncode}): {result.stderr[-400:]}")
+        if name != "true" and not (bundle / "rootfs" / "etc" / "ld.so.cache").is_file():
+            raise BenchError(f"{name}: the hook left no ld cache in {bundle}/rootfs")
+        return ms
+
+    return run
 
 
 def with_hook_env(spec: str, sock: Path) -> str:
