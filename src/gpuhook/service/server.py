@@ -57,7 +57,7 @@ SPARE_RETRY_S = 5.0  # a spare that died waiting is forked again this much later
 STOP_WAIT_S = 10.0  # on SIGTERM, how long to let running children finish before exiting anyway
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 # What every start needs, imported once here instead of in each forked child.
-WARM_MODULES = ("json", "gpuhook.hook.plan", "gpuhook.inject.apply", "gpuhook.inject.devcgroup",
+WARM_MODULES = ("json", "fcntl", "gpuhook.hook.plan", "gpuhook.inject.apply", "gpuhook.inject.devcgroup",
                 "gpuhook.model.request", "gpuhook.model.selection", "gpuhook.model.edits", "gpuhook.discover.cache",
                 "gpuhook.discover.roots", "gpuhook.discover.fingerprint", "gpuhook.model.requirements")
 
@@ -408,8 +408,8 @@ class Service:
                    whole: bool = False) -> bool:
         """Give this start to the spare (True: it answers `conn` from here on, recorded as a child), or leave it
         here (False: no spare, or the message could not go, whole or not at all: a SOCK_SEQPACKET). Either way
-        the spare is used up. A start decided here goes with its decision (prestart.Decided: the plan, the pid, the
-        rootfs): the spare reads nothing again, and planning, which may change what the next planning sees (a
+        the spare is used up. A start decided here goes with its decision (prestart.Decided: the edits, the pid,
+        the rootfs): the spare reads nothing again, and planning, which may change what the next planning sees (a
         refused inventory cache replaced by a scan, noted once), is done once; a `whole` call (_serve_in_child's:
         a client in another mount namespace, `client_ns`, or a CDI hook, `cdi`) goes as it came, to be run whole
         there. The descriptors go along: the connection, the /proc/<pid> fd, the client's namespace."""
