@@ -286,20 +286,20 @@ def test_pynvml_is_imported_without_ctypes_util_until_find_library_is_called() -
 
 
 def test_nvml_queried_in_a_child_brings_back_its_error_or_says_it_died(tmp_path: Path) -> None:
-    """discover/nvml.query_in_child: the child's DiscoveryError comes back as one, with its words; a child that
+    """discover/nvml.start_query: the child's DiscoveryError comes back as one, with its words; a child that
     exits without answering (a library whose constructor ends the process) is one line naming the library."""
     from gpuhook.discover import nvml
 
     missing = tmp_path / "libnvidia-ml.so.1"
     with pytest.raises(DiscoveryError) as failed:
-        nvml.query_in_child(str(missing))
+        nvml.start_query(str(missing))()
     assert str(missing) in str(failed.value)
     source = tmp_path / "exits.c"
     source.write_text("#include <unistd.h>\n__attribute__((constructor)) static void end(void) { _exit(0); }\n")
     library = tmp_path / "libexits.so"
     subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
     with pytest.raises(DiscoveryError, match=f"^NVML query of {library} died without an answer$"):
-        nvml.query_in_child(str(library))
+        nvml.start_query(str(library))()
 
 
 def test_files_scanned_beside_nvml_for_another_version_are_scanned_again(fake_driver_factory: Any) -> None:

@@ -320,11 +320,6 @@ def _drop_device_powers() -> None:
         raise OSError(ctypes.get_errno(), "capset")
 
 
-def query_in_child(library_path: str) -> NvmlReport:
-    """`query` in a forked child (start_query), waited for at once."""
-    return start_query(library_path)()
-
-
 def start_query(library_path: str) -> Callable[[], NvmlReport]:
     """`query` in a forked child that cannot create device nodes or load modules and exits afterwards: no
     gpuhook process keeps libnvidia-ml loaded, and a driver root whose kernel side is absent cannot make
@@ -398,8 +393,7 @@ def _report_from(values: tuple[object, ...]) -> NvmlReport:
     out = []
     for fields in gpus:  # type: ignore[attr-defined]
         gpu = dict(zip(NvmlGpu._fields, fields))
-        gpu["migs"] = [NvmlMig(*mig) for mig in gpu["migs"]]
-        gpu["nvlinks"] = [tuple(link) for link in gpu["nvlinks"]]
+        gpu["migs"] = [NvmlMig(*mig) for mig in gpu["migs"]]  # (marshal keeps lists and tuples as they were)
         out.append(NvmlGpu(**gpu))
     return NvmlReport(driver_version, cuda_version, out)  # type: ignore[arg-type]
 

@@ -37,6 +37,20 @@ class Planned(Record):
                 f"links={len(e.symlinks)}{extra}{notes}")
 
 
+class Decided(Record):
+    """What was decided for a container that gets GPUs, everything its injection needs and no more (the service's
+    spare takes it as the service made it, rather than reading the state, config.json and the request again;
+    the plan's inventory stays behind: it was 29 KB of every hand-off for 1 GPU of 8)."""
+
+    state_id: str
+    pid: int
+    rootfs: str
+    edits: ContainerEdits
+    summary: str  # the plan's summary, the log line's middle part (Planned.summary)
+    notes: str  # the request's notes, as the log line words them
+    cdi_ignored: tuple[str, ...]  # CDI names the runtime did not apply, recorded for the plugin (hook/cdiignored.py)
+
+
 def plan_request(config: Config, request: Request, inv: Inventory | None = None,
                  notes: list[str] | None = None) -> Planned:
     """Everything `request` gets on the host `config` describes; RequestError/DiscoveryError on refusal. `inv` is

@@ -15,7 +15,6 @@ import time
 
 from gpuhook.hook.log import append_log
 from gpuhook.model import contract
-from gpuhook.model.record import Record
 from gpuhook.oci.bundle import load_bundle, parse_state, read_stdin_state, state_id
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
@@ -23,8 +22,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from gpuhook.hook.config import Config
-    from gpuhook.hook.plan import Planned
-    from gpuhook.model.edits import ContainerEdits
+    from gpuhook.hook.plan import Decided, Planned
     from gpuhook.model.request import Request
 
 STAGES = ("prestart", "createRuntime")
@@ -73,20 +71,6 @@ def _parse_args(argv: list[str]) -> tuple[str | None, str]:
     return config, stage
 
 
-class Decided(Record):
-    """What was decided for a container that gets GPUs, everything its injection needs and no more (the service's
-    spare takes it as the service made it, rather than reading the state, config.json and the request again;
-    the plan's inventory stays behind: it was 29 KB of every hand-off for 1 GPU of 8)."""
-
-    state_id: str
-    pid: int
-    rootfs: str
-    edits: ContainerEdits
-    summary: str  # the plan's summary, the log line's middle part (Planned.summary)
-    notes: str  # the request's notes, as the log line words them
-    cdi_ignored: tuple[str, ...]  # CDI names the runtime did not apply, recorded for the plugin (hook/cdiignored.py)
-
-
 def decide(state_text: bytes, config: Config, plan: Callable[[Config, Request], Planned] | None = None,
            ) -> Decided | str:
     """The read-only part of a start: the state, config.json, the request and its plan; a str is the log summary
@@ -107,6 +91,8 @@ def decide(state_text: bytes, config: Config, plan: Callable[[Config, Request], 
     if plan is None:
         from gpuhook.hook.plan import plan_request as plan
     planned = plan(config, request)
+    from gpuhook.hook.plan import Decided
+
     if state.pid <= 0:
         from gpuhook.errors import InjectionError
 

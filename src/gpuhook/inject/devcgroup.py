@@ -93,7 +93,11 @@ def allow_devices(
 ) -> str:
     """Let the container whose init is `pid` use the devices in `rules`; returns "v1" or "v2" (open_grant, then
     its apply at once)."""
-    grant = open_grant(pid, rules, proc_root, mountinfo)
+    return _apply_now(open_grant(pid, rules, proc_root, mountinfo))
+
+
+def _apply_now(grant: Grant) -> str:
+    """`grant` applied and closed; its version."""
     try:
         grant.apply()
     finally:
@@ -135,13 +139,14 @@ def open_grant(pid: int, rules: Sequence[DeviceRule], proc_root: str = "/proc",
     runtime's mount namespace). A v2 cgroup without a device program has no device filter: apply does nothing.
     Raises OSError (the cgroup cannot be opened) or RuntimeError (no usable cgroup)."""
     target = find_cgroup(pid, proc_root, mountinfo)
-    fd = -1
-    if rules:
-        if target.version == "v1":
-            fd = os.open(os.path.join(target.path, "devices.allow"), os.O_WRONLY | os.O_CLOEXEC)
-        else:
-            fd = os.open(target.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    return Grant(target.version, target.path, fd, rules)
+    return Grant(target.version, target.path, _open_cgroup(target.version, target.path) if rules else -1, rules)
+
+
+def _open_cgroup(version: str, path: str) -> int:
+    """What a Grant writes through: v1 the cgroup's devices.allow for writing, v2 its directory."""
+    if version == "v1":
+        return os.open(os.path.join(path, "devices.allow"), os.O_WRONLY | os.O_CLOEXEC)
+    return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
 
 
 # --- finding the cgroup -----------------------------------------------------------------------------------
@@ -232,12 +237,7 @@ def _cgroup_dir(mounts: list[Mount], fstype: str, path: str, controller: str | N
 
 def allow_v1(directory: str, rules: Sequence[DeviceRule]) -> None:
     """Append each rule to `directory`/devices.allow (the kernel takes one rule per write)."""
-    path = os.path.join(directory, "devices.allow")
-    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-    try:
-        _write_v1(fd, path, rules)
-    finally:
-        os.close(fd)
+    _apply_now(Grant("v1", directory, _open_cgroup("v1", directory), rules))
 
 
 def _write_v1(fd: int, path: str, rules: Sequence[DeviceRule]) -> None:
@@ -302,11 +302,7 @@ def check_relocatable(insns: bytes) -> None:
 def allow_v2(directory: str, rules: Sequence[DeviceRule]) -> None:
     """Rebuild every BPF_CGROUP_DEVICE program attached to the cgroup `directory` with an allow prefix for
     `rules`, replacing each in place. With no program attached there is no filter and nothing to do."""
-    cgroup_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        _rebuild_v2(cgroup_fd, directory, rules)
-    finally:
-        os.close(cgroup_fd)
+    _apply_now(Grant("v2", directory, _open_cgroup("v2", directory), rules))
 
 
 def _rebuild_v2(cgroup_fd: int, directory: str, rules: Sequence[DeviceRule]) -> None:

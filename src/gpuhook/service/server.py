@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
     from typing import NoReturn
 
-    from gpuhook.hook.plan import Planned
+    from gpuhook.hook.plan import Decided, Planned
     from gpuhook.inject.containerhooks import HookArgs
     from gpuhook.model.inventory import Inventory
     from gpuhook.model.request import Request
@@ -158,7 +158,7 @@ def peer_mount_namespace(pid: int) -> int | None:
     return fd
 
 
-def vetter(pid_fd: int | None) -> Callable[[prestart.Decided], int | None]:
+def vetter(pid_fd: int | None) -> Callable[[Decided], int | None]:
     """prestart's before_inject for a client that sent `pid_fd`: check_pid_fd on the decided start's pid."""
     return lambda decided: check_pid_fd(decided.pid, pid_fd)
 
@@ -404,21 +404,21 @@ class Service:
             self.spent.add(pid)
 
     def _hand_over(self, conn: socket.socket, request: protocol.Request, start: float,
-                   decided: prestart.Decided | None, client_ns: int | None = None, cdi: HookArgs | None = None,
-                   whole: bool = False) -> bool:
+                   decided: Decided | None, client_ns: int | None = None, cdi: HookArgs | None = None) -> bool:
         """Give this start to the spare (True: it answers `conn` from here on, recorded as a child), or leave it
         here (False: no spare, or the message could not go, whole or not at all: a SOCK_SEQPACKET). Either way
-        the spare is used up. A start decided here goes with its decision (prestart.Decided: the edits, the pid,
+        the spare is used up. A start decided here goes with its decision (Decided: the edits, the pid,
         the rootfs): the spare reads nothing again, and planning, which may change what the next planning sees (a
-        refused inventory cache replaced by a scan, noted once), is done once; a `whole` call (_serve_in_child's:
-        a client in another mount namespace, `client_ns`, or a CDI hook, `cdi`) goes as it came, to be run whole
-        there. The descriptors go along: the connection, the /proc/<pid> fd, the client's namespace."""
+        refused inventory cache replaced by a scan, noted once), is done once; without one it is a whole call
+        (_serve_in_child's: a client in another mount namespace, `client_ns`, or a CDI hook, `cdi`), which goes as it
+        came, to be run whole there. The descriptors go along: the connection, the /proc/<pid> fd, the client's
+        namespace."""
         if self.spare is None:
             return False
         import pickle
 
         pid, sock = self.spare
-        message = pickle.dumps((whole, request.argv, request.config_env, request.state, start,
+        message = pickle.dumps((decided is None, request.argv, request.config_env, request.state, start,
                                 request.pid_fd is not None, client_ns is not None, decided, cdi),
                                protocol=pickle.HIGHEST_PROTOCOL)
         fds = [conn.fileno()] + [fd for fd in (request.pid_fd, client_ns) if fd is not None]
@@ -524,7 +524,7 @@ class Service:
             return
         child = False
 
-        def fork_for_injection(decided: prestart.Decided) -> int | None:
+        def fork_for_injection(decided: Decided) -> int | None:
             nonlocal child
             via_fd = vet(decided)
             if self._hand_over(conn, request, start, decided) or self._fork(conn):
@@ -574,11 +574,11 @@ class Service:
         self._answer(conn, code, err, out)
 
     def _serve_in_child(self, conn: socket.socket, request: protocol.Request, client_ns: int | None, start: float,
-                        vet: Callable[[prestart.Decided], int | None], cdi: HookArgs | None = None) -> None:
+                        vet: Callable[[Decided], int | None], cdi: HookArgs | None = None) -> None:
         """The whole call in a child (the spare when one waits, else one forked for it), as the in-process entry
         would run it where the client is (_whole_call). `cdi`: a createContainer hook's parsed command line
         (inject/containerhooks.run_hook)."""
-        if not self._hand_over(conn, request, start, None, client_ns, cdi, whole=True):
+        if not self._hand_over(conn, request, start, None, client_ns, cdi):
             try:
                 pid = self._fork(conn)
             except OSError as exc:
@@ -593,7 +593,7 @@ class Service:
 
     @staticmethod
     def _whole_call(request: protocol.Request, client_ns: int | None, start: float,
-                    vet: Callable[[prestart.Decided], int | None], cdi: HookArgs | None) -> tuple[int, str]:
+                    vet: Callable[[Decided], int | None], cdi: HookArgs | None) -> tuple[int, str]:
         """In a child: a client in another mount namespace (a runtime with its own /sys/fs/cgroup or /proc; a CDI
         createContainer hook, which runs in the container's) is joined first, so its config file, its cgroup
         mounts, its /proc and so the PID namespace the state's pid is in are what the start uses; nothing of the
