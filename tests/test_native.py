@@ -784,3 +784,70 @@ def test_mount_setattr_sets_and_clears_over_a_tree(tmp_path: Path) -> None:
         assert caught.value.errno == errno.EBADF
 
     run_in_child(child)
+
+
+def test_file_binds_run_stops_at_each_failure_and_goes_on_past_it(tmp_path: Path) -> None:
+    """gh_bind_files (FileBinds): each item a new file, given to the owner, with the tree attached on it and the
+    attributes set; a run stops at the item that cannot be done with its step and errno (a name that exists:
+    CREATE/EEXIST; a folder's tree: TREE/ENOTSUP; nothing made for either) and run(at) goes on past it."""
+    need_root()
+    host, root = tmp_path / "host", tmp_path / "root"
+
+    def child() -> None:
+        nat.unshare(nat.CLONE_NEWNS)
+        nat.mount(None, "/", None, nat.MS_REC | nat.MS_PRIVATE, None)
+        for folder in (host, root):
+            folder.mkdir()
+            nat.mount("tmpfs", str(folder), "tmpfs", 0, "size=64k")
+        for name in ("a", "b", "c"):
+            (host / name).write_bytes(name.encode())
+        (host / "dir").mkdir()
+        (root / "taken").write_bytes(b"image's")
+        flags = nat.OPEN_TREE_CLONE | nat.OPEN_TREE_CLOEXEC | nat.AT_RECURSIVE
+        trees = nat.open_trees([str(host / n) for n in ("a", "dir", "b", "c")], flags)
+        dfd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            ro = (nat.MOUNT_ATTR_RDONLY | nat.MOUNT_ATTR_NOEXEC, 0)
+            items = [(dfd, "a", trees[0], *ro), (dfd, "dir", trees[1], *ro), (dfd, "taken", trees[2], *ro),
+                     (dfd, "c", trees[3], 0, nat.MOUNT_ATTR_RDONLY)]
+            run = nat.FileBinds(items, 0o640, nat.RESOLVE_IN_ROOT | nat.RESOLVE_NO_MAGICLINKS, (1234, 4321))
+            assert run.run(0) == (1, nat.BIND_TREE, errno.ENOTSUP)
+            assert not (root / "dir").exists()
+            assert run.run(2) == (2, nat.BIND_CREATE, errno.EEXIST)
+            assert (root / "taken").read_bytes() == b"image's"
+            assert run.run(3) == (4, 0, 0)
+            assert run.run(4) == (4, 0, 0)
+        finally:
+            os.close(dfd)
+            for fd in trees:
+                os.close(fd)
+        assert [(root / n).read_bytes() for n in ("a", "c")] == [b"a", b"c"]
+        assert os.statvfs(root / "a").f_flag & (os.ST_RDONLY | os.ST_NOEXEC) == os.ST_RDONLY | os.ST_NOEXEC
+        assert not os.statvfs(root / "c").f_flag & os.ST_RDONLY
+        nat.umount2(str(root / "a"))
+        st = os.stat(root / "a")  # the new file under the bind: empty, the mode asked for, the owner's
+        assert (st.st_size, stat.S_IMODE(st.st_mode) & ~0o022, st.st_uid, st.st_gid) == (0, 0o640, 1234, 4321)
+
+    run_in_child(child)
+
+
+def test_new_links_run_and_open_trees_failure(tmp_path: Path) -> None:
+    """gh_symlinks (NewLinks): links made and given to the owner, a run stopped where a name exists (CREATE,
+    EEXIST) and resumed past it; open_trees names the path it could not open and keeps nothing open."""
+    need_root()
+    dfd = os.open(tmp_path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    (tmp_path / "taken").write_text("x")
+    try:
+        run = nat.NewLinks([(dfd, "one", "libx.so.1"), (dfd, "taken", "t"), (dfd, "two", "../y")], (1234, 4321))
+        assert run.run(0) == (1, nat.LINK_CREATE, errno.EEXIST)
+        assert run.run(2) == (3, 0, 0)
+    finally:
+        os.close(dfd)
+    assert [os.readlink(tmp_path / n) for n in ("one", "two")] == ["libx.so.1", "../y"]
+    assert {(os.lstat(tmp_path / n).st_uid, os.lstat(tmp_path / n).st_gid) for n in ("one", "two")} == {(1234, 4321)}
+    assert (tmp_path / "taken").read_text() == "x"
+    before = len(os.listdir("/proc/self/fd"))
+    with pytest.raises(OSError) as caught:
+        nat.open_trees([str(tmp_path), str(tmp_path / "missing")], nat.OPEN_TREE_CLONE | nat.OPEN_TREE_CLOEXEC)
+    assert (caught.value.errno, caught.value.filename) == (errno.ENOENT, str(tmp_path / "missing"))
+    assert len(os.listdir("/proc/self/fd")) == before

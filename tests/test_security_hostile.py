@@ -168,6 +168,26 @@ def test_rootfs_files_are_replaced_and_read_through_links(tmp_path: Path) -> Non
     assert stat.S_IMODE((tmp_path / "etc/new").stat().st_mode) == 0o600 & ~_umask()
 
 
+def test_rootfs_mkdirs_walks_from_held_folders_and_names_what_fails(tmp_path: Path) -> None:
+    """Folders made below folders made or looked up before (the walk starts at the deepest one held), siblings
+    included; a link on the way is followed inside the rootfs; a file on the way fails in one line naming it."""
+    (tmp_path / "usr").mkdir()
+    (tmp_path / "usr/share").symlink_to("/opt/share")
+    (tmp_path / "opt/share").mkdir(parents=True)
+    (tmp_path / "opt/file").write_text("x")
+    with RootFS(str(tmp_path)) as root:
+        for path in ("/usr/share/vulkan/icd.d", "/usr/share/vulkan/implicit_layer.d", "/usr/share/glvnd/a/b",
+                     "/usr/share/vulkan/icd.d"):
+            fd = root.mkdirs(path)
+            try:
+                assert os.fstat(fd).st_ino == (tmp_path / "opt" / path[len("/usr/"):]).stat().st_ino
+            finally:
+                os.close(fd)
+        with pytest.raises(InjectionError, match=r"^/opt/file/x in container: 'file' is Not a directory$"):
+            root.mkdirs("/opt/file/x")
+    assert sorted(p.name for p in (tmp_path / "opt/share/vulkan").iterdir()) == ["icd.d", "implicit_layer.d"]
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)

@@ -26,6 +26,12 @@
 #ifndef SYS_open_tree
 #define SYS_open_tree 428
 #endif
+#ifndef MOVE_MOUNT_F_EMPTY_PATH
+#define MOVE_MOUNT_F_EMPTY_PATH 0x00000004
+#endif
+#ifndef MOVE_MOUNT_T_EMPTY_PATH
+#define MOVE_MOUNT_T_EMPTY_PATH 0x00000040
+#endif
 #ifndef SYS_move_mount
 #define SYS_move_mount 429
 #endif
@@ -524,6 +530,97 @@ int gh_mount_setattr(int dirfd, const char *path, uint32_t flags, uint64_t attr_
     } attr = {attr_set, attr_clr, propagation, 0};
 
     return (int)syscall(SYS_mount_setattr, dirfd, path, flags, &attr, sizeof attr);
+}
+
+#define GH_OPENAT2_ATTEMPTS 64 /* as _native.openat2: a rootfs that keeps racing the lookup fails with EAGAIN */
+
+int gh_bind_files(int count, const int *dirfds, char *const names[], const int *trees, const uint64_t *attr_set,
+                  const uint64_t *attr_clr, uint32_t mode, uint64_t resolve, int uid, int gid, int *failed_step,
+                  int *failed_errno)
+{
+    int i;
+
+    *failed_step = 0;
+    *failed_errno = 0;
+    for (i = 0; i < count; i++) {
+        struct stat st;
+        int fd = -1, attempt, step = 0;
+
+        if (fstat(trees[i], &st) != 0) {
+            step = GH_BIND_TREE;
+            goto failed;
+        }
+        if (!S_ISREG(st.st_mode)) {
+            errno = ENOTSUP; /* not a file: a folder's bind goes another way (bind_all) */
+            step = GH_BIND_TREE;
+            goto failed;
+        }
+        for (attempt = 0; attempt < GH_OPENAT2_ATTEMPTS; attempt++) {
+            fd = gh_openat2(dirfds[i], names[i], O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode, resolve);
+            if (fd >= 0 || errno != EAGAIN)
+                break;
+        }
+        if (fd < 0) {
+            step = GH_BIND_CREATE;
+            goto failed;
+        }
+        if (uid >= 0 && fchown(fd, (uid_t)uid, (gid_t)gid) != 0) {
+            step = GH_BIND_OWNER;
+            goto failed;
+        }
+        if (gh_move_mount(trees[i], "", fd, "", MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH) != 0) {
+            step = GH_BIND_MOVE;
+            goto failed;
+        }
+        close(fd);
+        fd = -1;
+        if (gh_mount_setattr(trees[i], "", AT_EMPTY_PATH, attr_set[i], attr_clr[i], MS_PRIVATE) != 0) {
+            step = GH_BIND_SETATTR;
+            goto failed;
+        }
+        continue;
+    failed:
+        *failed_step = step;
+        *failed_errno = errno;
+        if (fd >= 0)
+            close(fd);
+        return i;
+    }
+    return count;
+}
+
+int gh_open_trees(int count, char *const paths[], uint32_t flags, int *fds)
+{
+    int i;
+
+    for (i = 0; i < count; i++) {
+        fds[i] = gh_open_tree(AT_FDCWD, paths[i], flags);
+        if (fds[i] < 0)
+            break;
+    }
+    return i;
+}
+
+int gh_symlinks(int count, const int *dirfds, char *const names[], char *const targets[], int uid, int gid,
+                int *failed_step, int *failed_errno)
+{
+    int i;
+
+    *failed_step = 0;
+    *failed_errno = 0;
+    for (i = 0; i < count; i++) {
+        if (symlinkat(targets[i], dirfds[i], names[i]) != 0) {
+            *failed_step = GH_LINK_CREATE;
+            break;
+        }
+        if (uid >= 0 && fchownat(dirfds[i], names[i], (uid_t)uid, (gid_t)gid, AT_SYMLINK_NOFOLLOW) != 0) {
+            *failed_step = GH_LINK_OWNER;
+            break;
+        }
+    }
+    if (i < count)
+        *failed_errno = errno;
+    return i;
 }
 
 long gh_own_pages(int stop_fd)

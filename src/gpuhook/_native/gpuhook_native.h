@@ -2,6 +2,7 @@
  * gpuhook native helper: what Python lacks or does slowly.
  *   - glibc ld.so.cache and ELF (DT_SONAME) reading, with strict bounds checks (input is untrusted);
  *   - thin syscall wrappers (setns, unshare, mount, umount2, openat2, mknodat);
+ *   - runs of an injection's system calls, one call each (mount sources, binds onto new files, new links);
  *   - the bpf(2) calls needed to widen a cgroup v2 device filter;
  *   - confining ldconfig (confine.c): capabilities, no_new_privs, a seccomp allow-list.
  * Plain C, no Python objects. Calls return -1 with errno set for syscall failures; the parsers return 1
@@ -73,6 +74,28 @@ int gh_is_mount_root(int fd);
  * The pages touched, or -1 (errno) when /proc/self/maps or pagemap cannot be read. Single-threaded callers. */
 long gh_own_pages(int stop_fd);
 int gh_move_mount(int from_dirfd, const char *from_path, int to_dirfd, const char *to_path, uint32_t flags);
+/* A run of bind mounts onto new empty files, each a few system calls with no Python between them (mounts.py's
+ * bind_all; it decides which binds go here and has checked each folder is the rootfs's own). Item i: the
+ * detached tree `trees[i]` must be a regular file; `names[i]` is created in the folder `dirfds[i]` (openat2
+ * O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW with `mode` and `resolve`, EAGAIN retried as openat2(2) asks),
+ * given to `uid`:`gid` when uid >= 0, the tree attached onto it (move_mount), the new file's descriptor closed,
+ * then the tree's mount given `attr_set[i]`, `attr_clr[i]` and private propagation (mount_setattr). Stops at
+ * the first item that fails: returns how many were done, that item's step (GH_BIND_*) and errno in *failed_step
+ * and *failed_errno (0 when all were done). The caller keeps every descriptor it passed. */
+/* open_tree(AT_FDCWD, paths[i], flags) for each path, the descriptors in `fds` (mounts.clone_sources): how many
+ * were opened before the first that failed (errno), `count` when all were. */
+int gh_open_trees(int count, char *const paths[], uint32_t flags, int *fds);
+/* A run of new symbolic links (RootFS.symlinks decides which links go here, in folders it checked are the
+ * rootfs's own): item i is `names[i]` -> `targets[i]` in the folder `dirfds[i]` (symlinkat), given to
+ * `uid`:`gid` when uid >= 0. Stops at the first that fails: returns how many were made, that item's step
+ * (GH_LINK_*) and errno (0 when all were made). */
+enum { GH_LINK_CREATE = 1, GH_LINK_OWNER = 2 };
+int gh_symlinks(int count, const int *dirfds, char *const names[], char *const targets[], int uid, int gid,
+                int *failed_step, int *failed_errno);
+enum { GH_BIND_TREE = 1, GH_BIND_CREATE = 2, GH_BIND_OWNER = 3, GH_BIND_MOVE = 4, GH_BIND_SETATTR = 5 };
+int gh_bind_files(int count, const int *dirfds, char *const names[], const int *trees, const uint64_t *attr_set,
+                  const uint64_t *attr_clr, uint32_t mode, uint64_t resolve, int uid, int gid, int *failed_step,
+                  int *failed_errno);
 
 int gh_bpf_prog_query(int target_fd, uint32_t attach_type, uint32_t *attach_flags, uint32_t *ids,
                       uint32_t *count);

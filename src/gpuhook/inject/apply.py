@@ -115,10 +115,8 @@ def apply_in_namespace(
     ldconfig does, before the nodes (the device cgroup's grant, opened on the host: devcgroup.Grant.apply)."""
     os.umask(0)
     with RootFS(rootfs_path, owner=userns_root) as root:
-        for m in edits.mounts:
-            mounts.bind(root, sources[m.container_path], m.container_path, m.options)
-        for link in edits.symlinks:
-            root.symlink(link.target, link.link)
+        mounts.bind_all(root, [(sources[m.container_path], m.container_path, m.options) for m in edits.mounts])
+        root.symlinks([(link.target, link.link) for link in edits.symlinks])
         # ldconfig needs the libraries and their links; the cgroup's grant, the device nodes and /proc/driver/nvidia
         # are made while it runs (a process that joined a container's namespace exists for that container alone:
         # disposable)
@@ -193,17 +191,16 @@ def inject(
     `fork=False`: run_in_mount_namespace's, for a disposable caller that may leave the host's namespace;
     `beside`: apply_in_namespace's, run in the container's namespace while ldconfig runs."""
     userns_root = user_namespace_root(pid, host_proc_root)
-    sources: dict[str, int] = {}
-    try:
-        for m in edits.mounts:
-            sources[m.container_path] = mounts.clone_source(m.host_path)
-        if userns_root is not None:  # bind sources are taken here, in the host's namespace, before setns
-            for node in edits.device_nodes:
-                sources[node.path] = mounts.clone_source(node.host_path)
-    except BaseException:
-        for fd in sources.values():
-            os.close(fd)
-        raise
+    sources = dict(zip([m.container_path for m in edits.mounts],
+                       mounts.clone_sources([m.host_path for m in edits.mounts])))
+    if userns_root is not None:  # bind sources are taken here, in the host's namespace, before setns
+        try:
+            sources.update(zip([n.path for n in edits.device_nodes],
+                               mounts.clone_sources([n.host_path for n in edits.device_nodes])))
+        except BaseException:
+            for fd in sources.values():
+                os.close(fd)
+            raise
     ldconfig_fd = ldcache.open_ldconfig(ldconfig_path) if edits.ld_dirs else -1
     try:
         run_in_mount_namespace(

@@ -49,8 +49,7 @@ def update_container(rootfs_path: str, links: Iterable[tuple[str, str]], folders
         fd = open_ldconfig(ldconfig_path)
     try:
         with RootFS(rootfs_path, owner=owner) as rootfs:
-            for target, link in links:
-                rootfs.symlink(target, link)
+            rootfs.symlinks(list(links))
             for target, link in links_if_present:
                 # lexically: the link's folder need not exist yet ('..' at the rootfs's top stays there)
                 if rootfs.exists(posixpath.normpath(posixpath.join(posixpath.dirname(link), target))):
