@@ -855,6 +855,25 @@ def test_a_spare_that_died_leaves_the_start_to_a_fork(in_process: Any, root_tmp:
     assert in_process.spare is None and in_process.spare_after >= before + server.SPARE_RETRY_S
 
 
+def test_the_next_spare_waits_until_the_start_before_it_is_over(in_process: Any, root_tmp: Path) -> None:
+    """A start's child that ended (the spare that took it) makes the next spare wait SPARE_IDLE_S: its fork and
+    page copies would otherwise take the CPU from the runtime still starting that container. The accept loop
+    sleeps no longer than that, so the spare is there for the next start; a dead spare's longer retry is kept."""
+    from gpuhook.service import server
+
+    assert in_process._poll_ms() == 1000  # nothing pending: the loop's usual wait
+    in_process._fork_spare()
+    before = time.monotonic()
+    _dead_process_start(in_process, root_tmp, "then-idle")
+    assert in_process.spare is None and not in_process.children
+    assert before + server.SPARE_IDLE_S <= in_process.spare_after <= time.monotonic() + server.SPARE_IDLE_S
+    assert 1 <= in_process._poll_ms() <= int(server.SPARE_IDLE_S * 1000) + 1
+
+    in_process.spare_after = retry = time.monotonic() + server.SPARE_RETRY_S  # a spare died waiting meanwhile
+    _dead_process_start(in_process, root_tmp, "forked")
+    assert in_process.spare_after == retry and in_process._poll_ms() == 1000
+
+
 def _until_zombie(pid: int) -> None:
     deadline = time.monotonic() + 10
     while psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:

@@ -54,6 +54,7 @@ MAX_PLANS = 256  # remembered plans (service.plan); then the memo starts over
 MAX_CHILDREN = 64  # requests in flight; one more waits for a child to end
 SPARE_MESSAGE = 256 << 10  # the largest request handed to the spare (a bigger state: the parent forks for it)
 SPARE_RETRY_S = 5.0  # a spare that died waiting is forked again this much later, never in a loop
+SPARE_IDLE_S = 0.02  # after a start's child ended, the next spare is forked this much later (Service.reap)
 STOP_WAIT_S = 10.0  # on SIGTERM, how long to let running children finish before exiting anyway
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 # What every start needs, imported once here instead of in each forked child.
@@ -288,7 +289,7 @@ class Service:
         while not self.stopping:
             if self.spare is None and not self.children and time.monotonic() >= self.spare_after:
                 self._fork_spare()  # idle: the next start's child, forked ahead
-            ready = {fd for fd, _ in poller.poll(1000)}
+            ready = {fd for fd, _ in poller.poll(self._poll_ms())}
             if self._wakeup[0] in ready:
                 with contextlib.suppress(BlockingIOError):
                     while os.read(self._wakeup[0], 512):
@@ -305,6 +306,14 @@ class Service:
             finally:
                 conn.close()
         self.close()
+
+    def _poll_ms(self) -> int:
+        """How long the accept loop may wait: until the spare is due (spare_after), else a second."""
+        if self.spare is None and not self.children:
+            due = self.spare_after - time.monotonic()
+            if due > 0:
+                return min(1000, int(due * 1000) + 1)
+        return 1000
 
     def _stop(self, _sig: int, _frame: object) -> None:
         self.stopping = True
@@ -345,7 +354,9 @@ class Service:
                 self._drop_spare()
                 self.spare_after = time.monotonic() + SPARE_RETRY_S
             conn = self.children.pop(pid, None)
-            if conn is not None:
+            if conn is not None:  # a start ended: its runtime is likely still starting that container, on the
+                # same CPUs; the next spare's fork and page copies (~5 ms of CPU) wait until the service is idle
+                self.spare_after = max(self.spare_after, time.monotonic() + SPARE_IDLE_S)
                 if os.WIFSIGNALED(status):
                     name = signal.Signals(os.WTERMSIG(status)).name
                     self._answer(conn, 1, f"gpuhook-hook: service: the child for this start (pid {pid}) died of "
