@@ -302,6 +302,61 @@ def test_nvml_queried_in_a_child_brings_back_its_error_or_says_it_died(tmp_path:
         nvml.start_query(str(library))()
 
 
+def test_a_cold_generate_forks_nvml_s_child_before_the_scan_and_the_spec_modules_load(fake_driver: Any,
+                                                                                         tmp_path: Path) -> None:
+    """A cold `generate-cdi` (no inventory cache) forks NVML's child before the scan's modules, the spec's and
+    `re` load, so pynvml's import there overlaps them (cli/inventory.load_inventory, its `meanwhile`); the nvml
+    module itself loads neither ctypes nor threading. The child forked ahead is the one asked: one fork, and
+    the spec's GPUs come from NVML."""
+    out = tmp_path / "spec.yaml"
+    argv = ["generate-cdi", "--driver-root", str(fake_driver.root), "--proc-root",
+            str(Path(fake_driver.root) / "proc"), "--hook-path", "/usr/local/bin/gpuhook-hook", "--output", str(out),
+            "--inventory-cache", ""]
+    code = (
+        "import os, sys\n"
+        "import gpuhook.discover.nvml\n"
+        "light = [m for m in ('ctypes', 'threading') if m in sys.modules]\n"
+        "seen = []\n"
+        "fork = os.fork\n"
+        "def recording():\n"
+        "    seen.append([m for m in ('gpuhook.discover.scan', 'gpuhook.cdi.spec', 're') if m in sys.modules])\n"
+        "    return fork()\n"
+        "os.fork = recording\n"
+        "import gpuhook.cli.generate as generate\n"
+        "make, sources = generate.renderer, []\n"
+        "def recording_renderer(*args):\n"
+        "    render = make(*args)\n"
+        "    return lambda inv, devices=None: sources.append(inv.source) or render(inv, devices)\n"
+        "generate.renderer = recording_renderer\n"
+        "from gpuhook.cli import main\n"
+        f"code = main({argv!r})\n"
+        "print(code, light, seen, sources)\n"
+    )
+    env = {**os.environ, "GPUHOOK_CONFIG": "/nonexistent/config.toml",
+           "GPUHOOK_SERVICE_SOCKET": str(tmp_path / "none" / "service.sock")}
+    result = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, check=False, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "0 [] [[]] ['nvml']", result.stdout
+    spec = out.read_text()
+    assert all(f"- name: {gpu.uuid}" in spec for gpu in fake_driver.gpus), spec[:2000]
+
+
+def test_a_forked_ahead_nvml_child_not_needed_is_ended(fake_driver: Any) -> None:
+    """NVML's child forked ahead and not asked (a procfs discovery; a discovery that fails on its way) is
+    ended and reaped by discover: no process of it is left."""
+    from gpuhook.discover import nvml
+
+    for method, raises in (("procfs", False), ("magic", True)):
+        child = nvml.Child()
+        if raises:
+            with pytest.raises(DiscoveryError):
+                discover(roots(fake_driver), method=method, nvml_child=child)
+        else:
+            assert discover(roots(fake_driver), method=method, nvml_child=child).source == "procfs"
+        with pytest.raises(ChildProcessError):
+            os.waitpid(child.pid, os.WNOHANG)
+
+
 def test_files_scanned_beside_nvml_for_another_version_are_scanned_again(fake_driver_factory: Any) -> None:
     """The driver's files are scanned for the version libnvidia-ml.so.1's file name carries while NVML is asked
     (scan._files_beside); where NVML reports another version, they are scanned again for that one: here the

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from gpuhook.cdi import names, version
 from gpuhook.cdi.errors import CdiError
+from gpuhook.cdi.modes import DEFAULT_CLASS, IMEX_MODE, MODES
 from gpuhook.cdi.spec import ALL_DEVICE, choose_version, render_edits
 from gpuhook.model import catalogue
 from gpuhook.model.contract import IMEX_CDI_CLASS, VISIBLE_DEVICES
@@ -23,12 +24,6 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (generate
 if TYPE_CHECKING:
     from typing import Any
 
-GPU_MODE = "gpu"
-IMEX_MODE = "imex"
-MODES: tuple[str, ...] = (GPU_MODE, IMEX_MODE, *(family.name for family in catalogue.GATED))
-# The class each mode's kind gets unless --class says otherwise (nvidia-ctk: imex-channel, gds, mofed, ...).
-DEFAULT_CLASS: dict[str, str] = {GPU_MODE: "gpu", IMEX_MODE: IMEX_CDI_CLASS,
-                                 **{family.name: family.name for family in catalogue.GATED}}
 
 
 def _spec(kind: str, devices: list[tuple[str, ContainerEdits]], cdi_version: str | None,

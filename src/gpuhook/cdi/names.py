@@ -7,16 +7,22 @@ letter or digit and may also use ':' in between.
 
 from __future__ import annotations
 
-import re
-
 from gpuhook.cdi.errors import InvalidName
 
 # How a spec names each device (see spec.device_names): "0"/"0:1", "GPU-…"/"MIG-…", "gpu0"/"mig0:1".
 NAME_STRATEGIES: tuple[str, ...] = ("index", "uuid", "type-index")
 DEFAULT_NAME_STRATEGIES: tuple[str, ...] = ("index", "uuid")
 
-_VENDOR_OR_CLASS = re.compile(r"[A-Za-z](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?")
-_DEVICE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_.:-]*[A-Za-z0-9])?")
+_VENDOR_OR_CLASS = r"[A-Za-z](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?"
+_DEVICE = r"[A-Za-z0-9](?:[A-Za-z0-9_.:-]*[A-Za-z0-9])?"
+
+
+def _matches(pattern: str, name: str) -> bool:
+    """`name` is all of `pattern`. `re` is imported at the first check, not with this module: `generate-cdi`'s
+    command line loads this module (its strategies), and a cold run loads `re` only while NVML's child works."""
+    import re
+
+    return re.fullmatch(pattern, name) is not None  # re keeps the compiled pattern in its own cache
 
 
 def vendor_problem(vendor: str) -> str | None:
@@ -32,7 +38,7 @@ def class_problem(cls: str) -> str | None:
 def _vendor_or_class_problem(what: str, name: str) -> str | None:
     if not name:
         return f"empty {what} name"
-    if _VENDOR_OR_CLASS.fullmatch(name):
+    if _matches(_VENDOR_OR_CLASS, name):
         return None
     return (f"invalid {what} name {name!r}: must start with a letter, end with a letter or digit, "
             "and contain only letters, digits, '_', '.' and '-'")
@@ -42,7 +48,7 @@ def device_name_problem(name: str) -> str | None:
     """Why `name` is not a valid CDI device name, or None."""
     if not name:
         return "empty device name"
-    if _DEVICE.fullmatch(name):
+    if _matches(_DEVICE, name):
         return None
     return (f"invalid device name {name!r}: must start and end with a letter or digit, "
             "and contain only letters, digits, '_', '.', ':' and '-'")

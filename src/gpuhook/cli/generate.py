@@ -12,7 +12,7 @@ import os
 import sys
 
 from gpuhook.cdi.errors import CdiError
-from gpuhook.cdi.kinds import MODES as KIND_MODES
+from gpuhook.cdi.modes import MODES as KIND_MODES
 from gpuhook.cdi.names import DEFAULT_NAME_STRATEGIES, NAME_STRATEGIES
 from gpuhook.cli.inventory import load_inventory
 from gpuhook.cli.options import CACHE_OPTION, ROOT_OPTIONS, Option, parse_lean
@@ -74,7 +74,8 @@ def renderer(output: str | None, fmt: str | None, mode: str, vendor: str, cls: s
              hook: str, cdi_version: str | None) -> Callable[[Inventory, list[str] | None], str]:
     """What turns an inventory (and, for --watch, the devices to keep) into the spec's text; `hook`: hook_for's."""
     from gpuhook.cdi import codec
-    from gpuhook.cdi.kinds import DEFAULT_CLASS, build_mode_spec
+    from gpuhook.cdi.kinds import build_mode_spec
+    from gpuhook.cdi.modes import DEFAULT_CLASS
     from gpuhook.cdi.spec import build_spec
     from gpuhook.cdi.validate import validate_spec
 
@@ -93,6 +94,12 @@ def renderer(output: str | None, fmt: str | None, mode: str, vendor: str, cls: s
         return codec.dumps(spec, fmt)
 
     return render
+
+
+def _load_renderer() -> None:
+    """The modules `renderer` uses (with `re`, ~5 ms), loaded while NVML's child starts (load_inventory's
+    `meanwhile`): a cold run's critical path is that child's."""
+    from gpuhook.cdi import codec, kinds, validate  # noqa: F401
 
 
 def write_spec(text: str, output: str | None) -> None:
@@ -122,7 +129,7 @@ def generate(driver_root: str, dev_root: str | None, proc_root: str | None, disc
     a warm service renders a spec once while the inventory's fingerprint holds (discover/cache keeps the same
     inventory object for it)."""
     hook = hook_for(mode, hook_path)
-    inv = load_inventory(driver_root, dev_root, proc_root, discovery, inventory_cache)
+    inv = load_inventory(driver_root, dev_root, proc_root, discovery, inventory_cache, meanwhile=_load_renderer)
     key = (output, fmt, mode, vendor, cls, tuple(strategies), hook, cdi_version, id(inv))
     hit = _served.get(key) if remember else None
     if hit is not None and hit[0] is inv:

@@ -7,8 +7,8 @@ answer). Imported lazily: pynvml never loads on the hook's path when a cached in
 
 from __future__ import annotations
 
-import ctypes
-import threading
+import _thread
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 
@@ -20,7 +20,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (~2 ms of
 if TYPE_CHECKING:
     from typing import Any
 
-_lock = threading.Lock()
+_lock = _thread.allocate_lock()  # (_thread, not threading: this module loads before NVML's child is forked)
 LOCK_TIMEOUT_S = 30.0
 
 
@@ -32,8 +32,6 @@ def import_pynvml() -> Any:
     cache: 92 -> 82 ms, 10 runs each). While pynvml imports, `ctypes.util` is a stand-in whose `find_library`
     loads the real module at its first call; it is taken out of sys.modules right after, so any later
     `import ctypes.util` gets the real one. Where the real one is already loaded, it is used as it is."""
-    import sys
-
     if "pynvml" in sys.modules or "ctypes.util" in sys.modules:
         import pynvml
 
@@ -137,6 +135,8 @@ def bound_nvml(library_path: str) -> Iterator[Any]:
 
 def _bound(pynvml: Any, library_path: str) -> Iterator[Any]:
     """The body of bound_nvml: load, bind, init, yield, shut down, unbind."""
+    import ctypes
+
     try:
         lib = ctypes.CDLL(library_path)
     except OSError as exc:
@@ -270,6 +270,8 @@ _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 
 def _capabilities() -> tuple[Any, Any, Any]:
     """(libc, header, data) of this thread's capability sets (capget/capset act on the calling thread only)."""
+    import ctypes
+
     libc = ctypes.CDLL(None, use_errno=True)
 
     class Header(ctypes.Structure):
@@ -294,6 +296,8 @@ def _without_device_powers() -> Iterator[None]:
     bound_nvml, so none can. Capabilities are per thread: the other threads of the process keep theirs, and
     threads NVML starts meanwhile inherit the reduced set. Dropping the permitted set too
     (_drop_device_powers) is for a child that exits afterwards."""
+    import ctypes
+
     libc, header, data = _capabilities()
     saved = data[0].effective
     data[0].effective &= ~_DEVICE_POWERS
@@ -313,6 +317,8 @@ def _drop_device_powers() -> None:
     Finding no kernel driver, NVIDIA's libnvidia-ml running as root creates /dev/nvidiactl on the host and
     tries to load the module; without these it cannot, and reports the driver as not loaded instead.
     """
+    import ctypes
+
     libc, header, data = _capabilities()
     data[0].effective &= ~_DEVICE_POWERS
     data[0].permitted &= ~_DEVICE_POWERS
@@ -320,52 +326,113 @@ def _drop_device_powers() -> None:
         raise OSError(ctypes.get_errno(), "capset")
 
 
-def start_query(library_path: str) -> Callable[[], NvmlReport]:
-    """`query` in a forked child that cannot create device nodes or load modules and exits afterwards: no
-    gpuhook process keeps libnvidia-ml loaded, and a driver root whose kernel side is absent cannot make
-    NVML create /dev/nvidia* on the host. Started now; the function returned waits for its report (the caller
-    scans the driver's files meanwhile: discover/scan.py), raising DiscoveryError with the child's one line.
+MAX_LIBRARY_PATH = 4096  # what the child reads of the library's path (a host path, PATH_MAX)
 
-    A single-threaded caller leaves pynvml's import (~7 ms) to the child too, beside its own work; a process
-    with other threads imports it first, since a thread importing at the fork would leave the child a module
-    lock nobody releases. The report comes back as plain values through `marshal` (built in; pickle's import is
-    ~2 ms of a cold discovery)."""
+
+def _threads_running() -> bool:
+    """Whether this process runs other threads (threading's count; a process that never imported threading
+    started none through it)."""
+    threading = sys.modules.get("threading")
+    return threading is not None and threading.active_count() > 1
+
+
+class Child:
+    """NVML's child (start_query), forked before the library it will ask is known, so that its start overlaps
+    the caller's: it drops its device powers and imports pynvml (~10 ms) at once, then waits for `query`'s
+    path. A cold discovery forks it before the scan's own modules load (cli/inventory.load_inventory).
+    `cancel` ends one that is not needed (a procfs discovery, no libnvidia-ml.so.1, an error on the way).
+
+    A single-threaded caller leaves pynvml's import to the child; a process with other threads imports it
+    first, since a thread importing at the fork would leave the child a module lock nobody releases. The
+    report comes back as plain values through `marshal` (built in; pickle's import is ~2 ms of a cold
+    discovery)."""
+
+    def __init__(self) -> None:
+        import os
+
+        self.asked = False
+        if _threads_running():
+            import_pynvml()
+        path_r, self._path_w = os.pipe()
+        self._report_r, report_w = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:
+            os.close(self._path_w)
+            os.close(self._report_r)
+            _serve_one_query(path_r, report_w)
+        os.close(path_r)
+        os.close(report_w)
+
+    def query(self, library_path: str) -> Callable[[], NvmlReport]:
+        """Ask the child about `library_path`; the function returned waits for its report, raising
+        DiscoveryError with the child's one line."""
+        import marshal
+        import os
+
+        self.asked = True
+        with suppress(BrokenPipeError):  # a child that failed before reading: its report says why
+            os.write(self._path_w, library_path.encode()[:MAX_LIBRARY_PATH])
+        os.close(self._path_w)
+
+        def report() -> NvmlReport:
+            with os.fdopen(self._report_r, "rb") as pipe:
+                data = pipe.read()
+            os.waitpid(self.pid, 0)
+            try:
+                ok, values = marshal.loads(data)
+                if not ok:
+                    raise DiscoveryError(str(values))
+                return _report_from(values)
+            except DiscoveryError:
+                raise
+            except Exception:  # noqa: BLE001 - a child that died mid-way
+                raise DiscoveryError(f"NVML query of {library_path} died without an answer") from None
+
+        return report
+
+    def cancel(self) -> None:
+        """End the child unasked (it holds nothing of ours) and reap it."""
+        import os
+        import signal
+
+        os.close(self._path_w)
+        os.close(self._report_r)
+        with suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+        os.waitpid(self.pid, 0)
+
+
+def _serve_one_query(path_r: int, report_w: int) -> None:
+    """In the child: no device powers, pynvml imported, then the path read to its end and `query`'s report
+    written back; exits (silently, when the parent closed the path unwritten: Child.cancel)."""
     import marshal
     import os
 
-    if threading.active_count() > 1:
+    try:
+        _drop_device_powers()
         import_pynvml()
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(r)
-        try:
-            _drop_device_powers()
-            result: object = (True, _report_values(query(library_path)))
-        except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent as one line
-            result = (False, str(exc) if isinstance(exc, DiscoveryError) else f"NVML query: {exc}")
-        try:
-            with os.fdopen(w, "wb") as out:
-                marshal.dump(result, out)
-        finally:
+        path = b""
+        while chunk := os.read(path_r, MAX_LIBRARY_PATH):
+            path = (path + chunk)[:MAX_LIBRARY_PATH]
+        if not path:
             os._exit(0)
-    os.close(w)
+        result: object = (True, _report_values(query(path.decode(errors="surrogateescape"))))
+    except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent as one line
+        result = (False, str(exc) if isinstance(exc, DiscoveryError) else f"NVML query: {exc}")
+    try:
+        with os.fdopen(report_w, "wb") as out:
+            marshal.dump(result, out)
+    finally:
+        os._exit(0)
 
-    def report() -> NvmlReport:
-        with os.fdopen(r, "rb") as pipe:
-            data = pipe.read()
-        os.waitpid(pid, 0)
-        try:
-            ok, values = marshal.loads(data)
-            if not ok:
-                raise DiscoveryError(str(values))
-            return _report_from(values)
-        except DiscoveryError:
-            raise
-        except Exception:  # noqa: BLE001 - a child that died mid-way
-            raise DiscoveryError(f"NVML query of {library_path} died without an answer") from None
 
-    return report
+def start_query(library_path: str) -> Callable[[], NvmlReport]:
+    """`query` in a forked child that cannot create device nodes or load modules and exits afterwards: no
+    gpuhook process keeps libnvidia-ml loaded, and a driver root whose kernel side is absent cannot make
+    NVML create /dev/nvidia* on the host. Started now (Child); the function returned waits for its report (the
+    caller scans the driver's files meanwhile: discover/scan.py), raising DiscoveryError with the child's one
+    line."""
+    return Child().query(library_path)
 
 
 def version_in_name(library_path: str) -> str | None:

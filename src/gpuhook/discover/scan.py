@@ -18,6 +18,7 @@ from gpuhook.model.inventory import DeviceNode, DriverFile, Gpu, Inventory, MigD
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
+    from gpuhook.discover import nvml
     from gpuhook.discover.nvml import NvmlReport
 
 __all__ = ["METHODS", "discover", "nvml_library"]
@@ -163,8 +164,19 @@ def _files_beside(roots: Roots, version: str | None, mps_pipe_dir: str | None) -
         return None
 
 
-def discover(roots: Roots, method: str = "auto", mps_pipe_dir: str | None = None) -> Inventory:
-    """Everything the driver at `roots` offers. Raises DiscoveryError with one line on failure."""
+def discover(roots: Roots, method: str = "auto", mps_pipe_dir: str | None = None,
+             nvml_child: nvml.Child | None = None) -> Inventory:
+    """Everything the driver at `roots` offers. Raises DiscoveryError with one line on failure. `nvml_child`:
+    NVML's child, forked ahead by the caller (cli/inventory.py); it is asked, or cancelled when it is not."""
+    try:
+        return _discover(roots, method, mps_pipe_dir, nvml_child)
+    finally:
+        if nvml_child is not None and not nvml_child.asked:
+            nvml_child.cancel()
+
+
+def _discover(roots: Roots, method: str, mps_pipe_dir: str | None, nvml_child: nvml.Child | None) -> Inventory:
+    """discover's body."""
     if method not in METHODS:
         raise DiscoveryError(f"unknown discovery method {method!r} (expected one of {', '.join(METHODS)})")
     if not os.path.isdir(roots.driver_root):
@@ -182,7 +194,7 @@ def discover(roots: Roots, method: str = "auto", mps_pipe_dir: str | None = None
         else:
             from gpuhook.discover import nvml
 
-            report = nvml.start_query(library)
+            report = (nvml_child or nvml.Child()).query(library)
             early = _files_beside(roots, nvml.version_in_name(library), mps_pipe_dir)
             try:
                 result = _from_nvml(roots, report())
