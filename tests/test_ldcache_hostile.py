@@ -455,6 +455,62 @@ def test_work_beside_ldconfig_runs_in_the_callers_namespace(tmp_path: Path, disp
     assert (volume / "written-beside").read_text() == "x"
 
 
+VIEW_PROBE = r"""
+#include <stdio.h>
+#include <sys/stat.h>
+static long long size(const char *path) { struct stat st; return stat(path, &st) == 0 ? st.st_size : -1; }
+int main(void) {
+    printf("lib=%lld bin=%lld\n", size(LIB), size("/usr/bin/nvidia-smi"));
+    return 1;
+}
+"""
+
+
+def test_only_what_ldconfig_reads_is_bound_before_it_starts(fake: FakeDriver, tmp_path: Path) -> None:
+    """inject/apply: the libraries (ldcache.read_by_ldconfig) are bound before ldconfig starts, so its view has
+    them whole; a program (any name ldconfig never reads) is bound while it runs, in the container's namespace
+    and not in ldconfig's view, which was copied before. A static probe in ldconfig's place reports what its
+    view holds (and fails, so its words come back); the caller's namespace has the program afterwards."""
+    need_root()
+    from gpuhook.discover import Roots, discover
+    from gpuhook.inject import mounts
+    from gpuhook.inject.apply import apply_in_namespace
+    from gpuhook.model.edits import Selection, plan
+
+    root = Path(fake.root)
+    inv = discover(Roots.make(str(root), None, str(root / "proc")))
+    edits = plan(inv, Selection(devices=(inv.gpus[0],)))
+    lib = next(m.container_path for m in edits.mounts if m.container_path.rpartition("/")[2].startswith("libcuda.so"))
+    assert ldcache.read_by_ldconfig(lib) and not ldcache.read_by_ldconfig("/usr/bin/nvidia-smi")
+    assert "/usr/bin/nvidia-smi" in {m.container_path for m in edits.mounts}
+    src = tmp_path / "probe.c"
+    src.write_text(VIEW_PROBE)
+    probe = tmp_path / "probe"
+    built = subprocess.run(["gcc", "-static", "-O1", f'-DLIB="{lib}"', "-o", str(probe), str(src)],
+                           capture_output=True, check=False)
+    if built.returncode:
+        pytest.skip("no static libc to build the probe with")
+    rootfs = small_rootfs(tmp_path)
+
+    def child() -> None:
+        _native.unshare(_native.CLONE_NEWNS)
+        _native.mount(None, "/", None, _native.MS_REC | _native.MS_PRIVATE, None)
+        sources = dict(zip([m.container_path for m in edits.mounts],
+                           mounts.clone_sources([m.host_path for m in edits.mounts])))
+        fd = ldcache.open_ldconfig(str(probe))
+        try:
+            with pytest.raises(InjectionError) as failed:
+                apply_in_namespace(str(rootfs), edits, sources, fd, str(root / "proc"))
+        finally:
+            os.close(fd)
+        seen = dict(part.split("=") for part in str(failed.value).rpartition(": ")[2].split())
+        assert int(seen["lib"]) == os.stat(root / lib.lstrip("/")).st_size > 0, failed.value
+        assert int(seen["bin"]) in (-1, 0), failed.value  # the target file at most: the bind came after the copy
+        assert (rootfs / "usr/bin/nvidia-smi").stat().st_size > 0  # bound all the same, in this namespace
+
+    run_in_child(child)
+
+
 @pytest.mark.parametrize("disposable", [True, False])
 def test_failed_work_beside_ldconfig_kills_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                               disposable: bool) -> None:

@@ -112,17 +112,22 @@ def apply_in_namespace(
 
     With `userns_root` (a container with its own user namespace), `sources` also holds a clone of each device
     node's host node, keyed by its container path, bound instead of made with mknod. `beside` runs while
-    ldconfig does, before the nodes (the device cgroup's grant, opened on the host: devcgroup.Grant.apply)."""
+    ldconfig does, before the binds and links ldconfig does not read and the nodes (the device cgroup's grant,
+    opened on the host: devcgroup.Grant.apply)."""
     os.umask(0)
+    binds = [(sources[m.container_path], m.container_path, m.options) for m in edits.mounts]
+    links = [(link.target, link.link) for link in edits.symlinks]
     with RootFS(rootfs_path, owner=userns_root) as root:
-        mounts.bind_all(root, [(sources[m.container_path], m.container_path, m.options) for m in edits.mounts])
-        root.symlinks([(link.target, link.link) for link in edits.symlinks])
-        # ldconfig needs the libraries and their links; the cgroup's grant, the device nodes and /proc/driver/nvidia
-        # are made while it runs (a process that joined a container's namespace exists for that container alone:
-        # disposable)
+        # ldconfig needs the libraries and their links (ldcache.read_by_ldconfig); every other bind and link, the
+        # cgroup's grant, the device nodes and /proc/driver/nvidia are made while it runs (a process that joined
+        # a container's namespace exists for that container alone: disposable)
+        mounts.bind_all(root, [b for b in binds if ldcache.read_by_ldconfig(b[1])])
+        root.symlinks([pair for pair in links if ldcache.read_by_ldconfig(pair[1])])
         with _ldconfig_running(root, edits, ldconfig_fd):
             if beside is not None:
                 beside()
+            mounts.bind_all(root, [b for b in binds if not ldcache.read_by_ldconfig(b[1])])
+            root.symlinks([pair for pair in links if not ldcache.read_by_ldconfig(pair[1])])
             for node in edits.device_nodes:
                 if userns_root is None:
                     root.mknod(node.path, node.mode, node.major, node.minor, node.type)

@@ -141,6 +141,15 @@ def write_conf(rootfs: RootFS, folders: list[str], known: set[str] | None = None
         rootfs.write_file(CONF_FILE, ("".join(f"{f}\n" for f in missing)).encode())
 
 
+def read_by_ldconfig(path: str) -> bool:
+    """Whether ldconfig could take the file at `path` for a library: glibc's ldconfig looks only at names that
+    start with `lib` or `ld-` and hold `.so`. A bind or link of any other name (a program, firmware, a
+    configuration file, a socket, a /dev link) may be made while ldconfig runs (inject/apply.py): the cache is
+    the same either way."""
+    name = path.rpartition("/")[2]
+    return name.startswith(("lib", "ld-")) and ".so" in name
+
+
 def ldconfig_argv(folders: list[str]) -> list[str]:
     """ldconfig's command line once the child's root is the container's: every path is the container's."""
     return ["ldconfig", "-f", "/etc/ld.so.conf", "-C", "/etc/ld.so.cache", *folders]
