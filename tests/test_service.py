@@ -855,6 +855,31 @@ def test_a_spare_that_died_leaves_the_start_to_a_fork(in_process: Any, root_tmp:
     assert in_process.spare is None and in_process.spare_after >= before + server.SPARE_RETRY_S
 
 
+def test_a_plan_the_spare_already_has_is_handed_over_by_number(in_process: Any, root_tmp: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A start whose plan was remembered before the spare was forked hands its edits over by number (the spare's
+    copy of that plan), not whole; one remembered after the fork goes whole. Both arrive as the same edits, and
+    both starts are answered alike."""
+    sent: list[bytes] = []
+    send_fds = socket.send_fds
+
+    def recording(sock: socket.socket, buffers: list[bytes], fds: list[int], *rest: Any) -> int:
+        sent.append(bytes(buffers[0]))
+        return send_fds(sock, buffers, fds, *rest)
+
+    monkeypatch.setattr(socket, "send_fds", recording)
+    in_process._fork_spare()  # forked before any plan: the first start's plan goes whole
+    first = _dead_process_start(in_process, root_tmp, "whole")
+    in_process._fork_spare()  # forked after it: the same request's plan goes by number
+    second = _dead_process_start(in_process, root_tmp, "by-number")
+    assert len(sent) == 2 and len(sent[1]) * 2 < len(sent[0]), [len(m) for m in sent]
+    whole, by_number = (in_process._unpickled(m)[7] for m in sent)
+    assert by_number.edits is next(iter(in_process._edits.values())) and by_number.edits == whole.edits
+    assert by_number.summary == whole.summary and by_number.edits.mounts
+    same = [re.sub(r"/proc/[0-9]+/", "/proc/N/", line) for _, line, _ in (first, second)]
+    assert first[0] == second[0] == 1 and same[0] == same[1], (first, second)
+
+
 def test_the_next_spare_waits_until_the_start_before_it_is_over(in_process: Any, root_tmp: Path) -> None:
     """A start's child that ended (the spare that took it) makes the next spare wait SPARE_IDLE_S: its fork and
     page copies would otherwise take the CPU from the runtime still starting that container. The accept loop
