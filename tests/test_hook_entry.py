@@ -505,3 +505,23 @@ def test_native_install_writes_the_binary_and_its_fallback_under_both_names(tmp_
     Path(f"{docker}.py").write_text("#!/bin/sh\n# someone else's\n")  # a foreign fallback is never replaced
     with pytest.raises(GpuhookError, match=r"nvidia-container-runtime-hook\.py exists and is not gpuhook's"):
         hook_entry.install(str(target), docker_gpus=True)
+
+
+def test_the_native_entry_needs_no_loader_where_a_static_libc_is_installed(tmp_path: Path) -> None:
+    """setup.py links the native entry static-pie where the static libc is installed (Debian's libc6-dev), so no
+    dynamic loader runs at each container start; without it the entry is linked dynamically."""
+    from gpuhook.inject import ldcache
+
+    entry = hook_entry.native_entry()
+    if entry is None:
+        pytest.skip("the native entry was not built")
+    (tmp_path / "probe.c").write_text("int main(void) { return 0; }\n")
+    linked = subprocess.run(["gcc", "-static-pie", "-fPIE", "-o", str(tmp_path / "probe"), str(tmp_path / "probe.c")],
+                            capture_output=True, check=False)
+    if linked.returncode != 0:
+        pytest.skip("no static libc here: the entry is linked dynamically")
+    fd = os.open(entry, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        ldcache.check_static(fd, "the native entry")  # refuses an ELF with a PT_INTERP
+    finally:
+        os.close(fd)
