@@ -8,13 +8,13 @@ Safety rules (README "The hook service"):
   before_inject), which only reads and is bounded, so a container without a GPU request costs one round trip;
 - each start that touches a container runs in a child forked for it, which joins that container's mount
   namespace itself, so nothing one container does reaches the next; the parent has no threads, so forking it is
-  safe. While the service is idle one such child is forked ahead (the spare) and waits on a socket pair; the
-  next prestart start that touches a container (its runtime in our mount namespace) is handed to it (its
-  connection and descriptors over SCM_RIGHTS, the request and the plan made for it), which spares that start
-  the fork. The spare reads the state, config.json and the request again (nothing before the plan has an
-  effect: hook/prestart.run) and takes the plan as made here, so a spare forked before a change of config or
-  driver does what the parent decided now; a hand-off that fails leaves the request with the parent, which
-  forks for it;
+  safe. While the service is idle one such child is forked ahead (the spare, SPARE_IDLE_S after the start
+  before it ended) and waits on a socket pair; the next prestart start that touches a container (its runtime in
+  our mount namespace) is handed to it (its connection and descriptors over SCM_RIGHTS, the request and the
+  decision made for it: prestart.Decided, whose edits go by number when the spare has them, _handed), which
+  spares that start the fork. The spare reads nothing again (nothing before the plan has an effect:
+  hook/prestart.run), so a spare forked before a change of config or driver does what the parent decided now;
+  a hand-off that fails leaves the request with the parent, which forks for it;
 - a child keeps running when the parent dies: an accepted request is answered (the client never retries it).
 """
 
@@ -367,7 +367,7 @@ class Service:
                 self.spare_after = time.monotonic() + SPARE_RETRY_S
             conn = self.children.pop(pid, None)
             if conn is not None:  # a start ended: its runtime is likely still starting that container, on the
-                # same CPUs; the next spare's fork and page copies (~5 ms of CPU) wait until the service is idle
+                # same CPUs; the next spare's fork and page copies (~5 ms of CPU) wait SPARE_IDLE_S
                 self.spare_after = max(self.spare_after, time.monotonic() + SPARE_IDLE_S)
                 if os.WIFSIGNALED(status):
                     name = signal.Signals(os.WTERMSIG(status)).name
