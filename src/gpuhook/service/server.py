@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import io
 import os
+import pickle
 import signal
 import socket
 import stat
@@ -62,6 +64,31 @@ _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 WARM_MODULES = ("json", "fcntl", "gpuhook.hook.plan", "gpuhook.inject.apply", "gpuhook.inject.devcgroup",
                 "gpuhook.model.request", "gpuhook.model.selection", "gpuhook.model.edits", "gpuhook.discover.cache",
                 "gpuhook.discover.roots", "gpuhook.discover.fingerprint", "gpuhook.model.requirements")
+
+
+class _ByNumber(pickle.Pickler):
+    """Pickles `edits` as the persistent id `serial` (the spare's copy of that plan's edits: _Known)."""
+
+    def __init__(self, out: io.BytesIO, edits: object, serial: int) -> None:
+        super().__init__(out, protocol=pickle.HIGHEST_PROTOCOL)
+        self.edits, self.serial = edits, serial
+
+    def persistent_id(self, obj: object) -> int | None:
+        return self.serial if obj is self.edits else None
+
+
+class _Known(pickle.Unpickler):
+    """Unpickles _ByNumber's message with `edits`, the plans' edits this process has by number."""
+
+    def __init__(self, message: bytes, edits: dict[int, ContainerEdits]) -> None:
+        super().__init__(io.BytesIO(message))
+        self.edits = edits
+
+    def persistent_load(self, pid: object) -> ContainerEdits:
+        found = self.edits.get(pid) if isinstance(pid, int) else None
+        if found is None:
+            raise ServiceError(f"the spare has no plan numbered {clip(repr(pid))}")
+        return found
 
 
 class _Forked(BaseException):  # noqa: N818 - not an error: the parent's word that a child took the start over
@@ -460,33 +487,16 @@ class Service:
         """`message` pickled for the spare; a decision whose edits the spare has (a plan remembered before it was
         forked) carries them by number (a pickle persistent id, _unpickled's), not whole: 25 KB for 8 GPUs with
         every capability, ~0.5 ms of pickling on the two sides of every such start."""
-        import io
-        import pickle
-
         serial = self._serials.get(id(decided.edits)) if decided is not None else None
         if decided is None or serial is None or serial >= self._spare_knows:
             return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         out = io.BytesIO()
-        pickler = pickle.Pickler(out, protocol=pickle.HIGHEST_PROTOCOL)
-        edits = decided.edits
-        pickler.persistent_id = lambda obj: serial if obj is edits else None  # type: ignore[method-assign]
-        pickler.dump(message)
+        _ByNumber(out, decided.edits, serial).dump(message)
         return out.getvalue()
 
     def _unpickled(self, message: bytes) -> tuple[object, ...]:
         """_handed's message, in the spare: edits given by number are this process's copy of that plan's."""
-        import io
-        import pickle
-
-        def known(serial: object) -> ContainerEdits:
-            edits = self._edits.get(serial) if isinstance(serial, int) else None
-            if edits is None:
-                raise ServiceError(f"the spare has no plan numbered {clip(repr(serial))}")
-            return edits
-
-        unpickler = pickle.Unpickler(io.BytesIO(message))
-        unpickler.persistent_load = known  # type: ignore[method-assign]
-        return unpickler.load()
+        return _Known(message, self._edits).load()
 
     def _serve_as_spare(self, sock: socket.socket) -> None:
         """In the spare: wait for the one start handed over (_hand_over), then run it as a child forked for it
