@@ -286,20 +286,20 @@ def test_pynvml_is_imported_without_ctypes_util_until_find_library_is_called() -
 
 
 def test_nvml_queried_in_a_child_brings_back_its_error_or_says_it_died(tmp_path: Path) -> None:
-    """discover/nvml.start_query: the child's DiscoveryError comes back as one, with its words; a child that
+    """discover/nvml.Child's query: the child's DiscoveryError comes back as one, with its words; a child that
     exits without answering (a library whose constructor ends the process) is one line naming the library."""
     from gpuhook.discover import nvml
 
     missing = tmp_path / "libnvidia-ml.so.1"
     with pytest.raises(DiscoveryError) as failed:
-        nvml.start_query(str(missing))()
+        nvml.Child().query(str(missing))()
     assert str(missing) in str(failed.value)
     source = tmp_path / "exits.c"
     source.write_text("#include <unistd.h>\n__attribute__((constructor)) static void end(void) { _exit(0); }\n")
     library = tmp_path / "libexits.so"
     subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
     with pytest.raises(DiscoveryError, match=f"^NVML query of {library} died without an answer$"):
-        nvml.start_query(str(library))()
+        nvml.Child().query(str(library))()
 
 
 def test_a_cold_generate_forks_nvml_s_child_before_the_scan_and_the_spec_modules_load(fake_driver: Any,

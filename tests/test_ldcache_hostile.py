@@ -365,12 +365,7 @@ def test_ldconfig_runs_confined(tmp_path: Path) -> None:
     exec.fifo, not the mount sources), and system calls outside its allow-list fail (EPERM). A static program
     in ldconfig's place reports what it got."""
     need_root()
-    need_tool("gcc")
-    src = tmp_path / "probe.c"
-    src.write_text(PROBE_LDCONFIG)
-    probe = tmp_path / "probe"
-    if subprocess.run(["gcc", "-static", "-O1", "-o", str(probe), str(src)], capture_output=True).returncode:
-        pytest.skip("no static libc to build the probe with")
+    probe = static_probe(tmp_path, "probe", PROBE_LDCONFIG)
     leak = os.open("/dev/null", os.O_RDONLY)  # inheritable, as the runtime's descriptors are
     os.set_inheritable(leak, True)
     fd = ldcache.open_ldconfig(str(probe))
@@ -419,14 +414,22 @@ def test_ldconfig_output_is_read_to_its_end(tmp_path: Path, monkeypatch: pytest.
     assert "libc.so.6" in {e.key for e in _native.read_ldcache(str(rootfs / "etc/ld.so.cache"))}
 
 
+def static_probe(tmp_path: Path, name: str, source: str, *flags: str) -> Path:
+    """`source` built static as tmp_path/`name`, a program to put in ldconfig's place; skips without a static
+    libc to build it with."""
+    need_tool("gcc")
+    src = tmp_path / f"{name}.c"
+    src.write_text(source)
+    probe = tmp_path / name
+    if subprocess.run(["gcc", "-static", "-O1", *flags, "-o", str(probe), str(src)], capture_output=True).returncode:
+        pytest.skip("no static libc to build the probe with")
+    return probe
+
+
 def blocking_ldconfig(tmp_path: Path, rootfs: Path) -> int:
     """A static program in ldconfig's place that blocks on the image's /fifo until it is killed (or its alarm)."""
-    need_tool("gcc")
-    src = tmp_path / "block.c"
-    src.write_text('#include <fcntl.h>\nint main(void) { return open("/fifo", O_RDONLY) < 0; }\n')
-    probe = tmp_path / "block"
-    if subprocess.run(["gcc", "-static", "-O1", "-o", str(probe), str(src)], capture_output=True).returncode:
-        pytest.skip("no static libc to build the probe with")
+    probe = static_probe(tmp_path, "block",
+                         '#include <fcntl.h>\nint main(void) { return open("/fifo", O_RDONLY) < 0; }\n')
     os.mkfifo(rootfs / "fifo")
     return ldcache.open_ldconfig(str(probe))
 
@@ -483,13 +486,7 @@ def test_only_what_ldconfig_reads_is_bound_before_it_starts(fake: FakeDriver, tm
     lib = next(m.container_path for m in edits.mounts if m.container_path.rpartition("/")[2].startswith("libcuda.so"))
     assert ldcache.read_by_ldconfig(lib) and not ldcache.read_by_ldconfig("/usr/bin/nvidia-smi")
     assert "/usr/bin/nvidia-smi" in {m.container_path for m in edits.mounts}
-    src = tmp_path / "probe.c"
-    src.write_text(VIEW_PROBE)
-    probe = tmp_path / "probe"
-    built = subprocess.run(["gcc", "-static", "-O1", f'-DLIB="{lib}"', "-o", str(probe), str(src)],
-                           capture_output=True, check=False)
-    if built.returncode:
-        pytest.skip("no static libc to build the probe with")
+    probe = static_probe(tmp_path, "probe", VIEW_PROBE, f'-DLIB="{lib}"')
     rootfs = small_rootfs(tmp_path)
 
     def child() -> None:

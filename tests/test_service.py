@@ -874,7 +874,7 @@ def test_a_plan_the_spare_already_has_is_handed_over_by_number(in_process: Any, 
     second = _dead_process_start(in_process, root_tmp, "by-number")
     assert len(sent) == 2 and len(sent[1]) * 2 < len(sent[0]), [len(m) for m in sent]
     whole, by_number = (in_process._unpickled(m)[7] for m in sent)
-    assert by_number.edits is next(iter(in_process._edits.values())) and by_number.edits == whole.edits
+    assert by_number.edits is next(iter(in_process._plans.values()))[2].edits and by_number.edits == whole.edits
     assert by_number.summary == whole.summary and by_number.edits.mounts
     same = [re.sub(r"/proc/[0-9]+/", "/proc/N/", line) for _, line, _ in (first, second)]
     assert first[0] == second[0] == 1 and same[0] == same[1], (first, second)

@@ -96,12 +96,6 @@ def renderer(output: str | None, fmt: str | None, mode: str, vendor: str, cls: s
     return render
 
 
-def _load_renderer() -> None:
-    """The modules `renderer` uses (with `re`, ~5 ms), loaded while NVML's child starts (load_inventory's
-    `meanwhile`): a cold run's critical path is that child's."""
-    from gpuhook.cdi import codec, kinds, validate  # noqa: F401
-
-
 def write_spec(text: str, output: str | None) -> None:
     """The spec to stdout, or atomically to `output` (with a note when no CDI loader would read that name)."""
     if output is None:
@@ -129,13 +123,17 @@ def generate(driver_root: str, dev_root: str | None, proc_root: str | None, disc
     a warm service renders a spec once while the inventory's fingerprint holds (discover/cache keeps the same
     inventory object for it)."""
     hook = hook_for(mode, hook_path)
-    inv = load_inventory(driver_root, dev_root, proc_root, discovery, inventory_cache, meanwhile=_load_renderer)
+    # the renderer is made (its modules, `re` with them, ~5 ms) while NVML's child starts: a cold run's critical
+    # path is that child's (load_inventory's `meanwhile`)
+    made: list[Callable[[Inventory, list[str] | None], str]] = []
+    inv = load_inventory(driver_root, dev_root, proc_root, discovery, inventory_cache, meanwhile=lambda: made.append(
+        renderer(output, fmt, mode, vendor, cls, strategies, hook, cdi_version)))
     key = (output, fmt, mode, vendor, cls, tuple(strategies), hook, cdi_version, id(inv))
     hit = _served.get(key) if remember else None
     if hit is not None and hit[0] is inv:
         text = hit[1]
     else:
-        text = renderer(output, fmt, mode, vendor, cls, strategies, hook, cdi_version)(inv)
+        text = made[0](inv)
         if remember:
             if len(_served) >= MAX_SERVED:
                 _served.clear()

@@ -43,7 +43,7 @@ def load_inventory(driver_root: str | None, dev_root: str | None, proc_root: str
                    discovery: str = "auto", inventory_cache: str | None = "",
                    meanwhile: Callable[[], None] | None = None) -> Inventory:
     """Discover, or with a cache (only for --discovery auto, what the cache holds) load it while it is true.
-    `meanwhile` (the caller's own imports) runs while NVML's child starts, or first."""
+    `meanwhile` (the caller's own preparation: its imports) runs while NVML's child starts, or first."""
     from gpuhook.hook.config import Config
 
     config = hook_config()

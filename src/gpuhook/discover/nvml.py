@@ -8,6 +8,7 @@ answer). Imported lazily: pynvml never loads on the hook's path when a cached in
 from __future__ import annotations
 
 import _thread
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -18,7 +19,7 @@ from gpuhook.model.record import Record, field
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (~2 ms of a cold discovery)
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, NoReturn
 
 _lock = _thread.allocate_lock()  # (_thread, not threading: this module loads before NVML's child is forked)
 LOCK_TIMEOUT_S = 30.0
@@ -337,10 +338,13 @@ def _threads_running() -> bool:
 
 
 class Child:
-    """NVML's child (start_query), forked before the library it will ask is known, so that its start overlaps
+    """`query` in a forked child that cannot create device nodes or load modules and exits afterwards: no
+    gpuhook process keeps libnvidia-ml loaded, and a driver root whose kernel side is absent cannot make NVML
+    create /dev/nvidia* on the host. Forked before the library it will ask is known, so that its start overlaps
     the caller's: it drops its device powers and imports pynvml (~10 ms) at once, then waits for `query`'s
-    path. A cold discovery forks it before the scan's own modules load (cli/inventory.load_inventory).
-    `cancel` ends one that is not needed (a procfs discovery, no libnvidia-ml.so.1, an error on the way).
+    path. A cold discovery forks it before the scan's own modules load (cli/inventory.load_inventory), and the
+    scan reads the driver's files while it answers (discover/scan.py). `cancel` ends one that is not needed (a
+    procfs discovery, no libnvidia-ml.so.1, an error on the way).
 
     A single-threaded caller leaves pynvml's import to the child; a process with other threads imports it
     first, since a thread importing at the fork would leave the child a module lock nobody releases. The
@@ -348,8 +352,6 @@ class Child:
     discovery)."""
 
     def __init__(self) -> None:
-        import os
-
         self.asked = False
         if _threads_running():
             import_pynvml()
@@ -367,7 +369,6 @@ class Child:
         """Ask the child about `library_path`; the function returned waits for its report, raising
         DiscoveryError with the child's one line."""
         import marshal
-        import os
 
         self.asked = True
         with suppress(BrokenPipeError):  # a child that failed before reading: its report says why
@@ -392,7 +393,6 @@ class Child:
 
     def cancel(self) -> None:
         """End the child unasked (it holds nothing of ours) and reap it."""
-        import os
         import signal
 
         os.close(self._path_w)
@@ -402,11 +402,10 @@ class Child:
         os.waitpid(self.pid, 0)
 
 
-def _serve_one_query(path_r: int, report_w: int) -> None:
+def _serve_one_query(path_r: int, report_w: int) -> NoReturn:
     """In the child: no device powers, pynvml imported, then the path read to its end and `query`'s report
     written back; exits (silently, when the parent closed the path unwritten: Child.cancel)."""
     import marshal
-    import os
 
     try:
         _drop_device_powers()
@@ -424,15 +423,6 @@ def _serve_one_query(path_r: int, report_w: int) -> None:
             marshal.dump(result, out)
     finally:
         os._exit(0)
-
-
-def start_query(library_path: str) -> Callable[[], NvmlReport]:
-    """`query` in a forked child that cannot create device nodes or load modules and exits afterwards: no
-    gpuhook process keeps libnvidia-ml loaded, and a driver root whose kernel side is absent cannot make
-    NVML create /dev/nvidia* on the host. Started now (Child); the function returned waits for its report (the
-    caller scans the driver's files meanwhile: discover/scan.py), raising DiscoveryError with the child's one
-    line."""
-    return Child().query(library_path)
 
 
 def version_in_name(library_path: str) -> str | None:

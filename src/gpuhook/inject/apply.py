@@ -18,6 +18,12 @@ from gpuhook.inject import cudacompat, ldcache, mounts
 from gpuhook.inject.rootfs import RootFS
 from gpuhook.model.edits import ContainerEdits
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the hook's path loads none)
+if TYPE_CHECKING:
+    from typing import Any, TypeVar
+
+    _T = TypeVar("_T", bound="tuple[Any, ...]")
+
 
 def _params_without_modify(host_params: str) -> bytes:
     """The driver's params with ModifyDeviceFiles: 0, so the driver inside never creates device nodes."""
@@ -115,25 +121,36 @@ def apply_in_namespace(
     ldconfig does, before the binds and links ldconfig does not read and the nodes (the device cgroup's grant,
     opened on the host: devcgroup.Grant.apply)."""
     os.umask(0)
-    binds = [(sources[m.container_path], m.container_path, m.options) for m in edits.mounts]
-    links = [(link.target, link.link) for link in edits.symlinks]
+    # ldconfig needs the libraries and their links (ldcache.read_by_ldconfig); every other bind and link, the
+    # cgroup's grant, the device nodes and /proc/driver/nvidia are made while it runs (a process that joined a
+    # container's namespace exists for that container alone: disposable)
+    binds, binds_beside = _before_ldconfig([(sources[m.container_path], m.container_path, m.options)
+                                            for m in edits.mounts])
+    links, links_beside = _before_ldconfig([(link.target, link.link) for link in edits.symlinks])
     with RootFS(rootfs_path, owner=userns_root) as root:
-        # ldconfig needs the libraries and their links (ldcache.read_by_ldconfig); every other bind and link, the
-        # cgroup's grant, the device nodes and /proc/driver/nvidia are made while it runs (a process that joined
-        # a container's namespace exists for that container alone: disposable)
-        mounts.bind_all(root, [b for b in binds if ldcache.read_by_ldconfig(b[1])])
-        root.symlinks([pair for pair in links if ldcache.read_by_ldconfig(pair[1])])
+        mounts.bind_all(root, binds)
+        root.symlinks(links)
         with _ldconfig_running(root, edits, ldconfig_fd):
             if beside is not None:
                 beside()
-            mounts.bind_all(root, [b for b in binds if not ldcache.read_by_ldconfig(b[1])])
-            root.symlinks([pair for pair in links if not ldcache.read_by_ldconfig(pair[1])])
+            mounts.bind_all(root, binds_beside)
+            root.symlinks(links_beside)
             for node in edits.device_nodes:
                 if userns_root is None:
                     root.mknod(node.path, node.mode, node.major, node.minor, node.type)
                 else:
                     mounts.bind_node(root, sources[node.path], node.path, userns_root)
             _mask_proc(root, edits, proc_root)
+
+
+def _before_ldconfig(items: list[_T]) -> tuple[list[_T], list[_T]]:
+    """`items` (each a tuple whose second element is a container path) split, in order, into those ldconfig
+    reads (ldcache.read_by_ldconfig) and the rest."""
+    before: list[_T] = []
+    rest: list[_T] = []
+    for item in items:
+        (before if ldcache.read_by_ldconfig(item[1]) else rest).append(item)
+    return before, rest
 
 
 def _ldconfig_running(root: RootFS, edits: ContainerEdits, ldconfig_fd: int) -> contextlib.AbstractContextManager[None]:

@@ -244,11 +244,9 @@ class Service:
             importlib.import_module(name)
         cache.keep_warm()
         self._configs: dict[str | None, tuple[tuple[int, ...], Config]] = {}
-        self._plans: dict[tuple[int, str, Request], tuple[Config, Inventory, Planned]] = {}
-        # the remembered plans' edits by serial number, and each one's number by id: a spare forked after a plan
-        # was remembered has its own copy, so a start with that plan hands it over by number (_handed)
-        self._edits: dict[int, ContainerEdits] = {}
-        self._serials: dict[int, int] = {}
+        # each remembered plan with its serial number: a spare forked after a plan was remembered has its own
+        # copy of it, so a start with that plan hands its edits over by number (_handed)
+        self._plans: dict[tuple[int, str, Request], tuple[Config, Inventory, Planned, int]] = {}
         self._next_serial = 0
         self._spare_knows = 0  # the plans numbered below this were remembered when the spare was forked
         config = self.load(config_path)
@@ -296,12 +294,8 @@ class Service:
         planned = plan_request(config, request, inv, notes)
         if len(self._plans) >= MAX_PLANS:
             self._plans.clear()
-            self._edits.clear()
-            self._serials.clear()
         if not planned.notes:  # a plan with a note (a refused cache file) is made again, its note said again
-            self._plans[key] = (config, inv, planned)
-            self._edits[self._next_serial] = planned.edits
-            self._serials[id(planned.edits)] = self._next_serial
+            self._plans[key] = (config, inv, planned, self._next_serial)
             self._next_serial += 1
         return planned
 
@@ -487,7 +481,8 @@ class Service:
         """`message` pickled for the spare; a decision whose edits the spare has (a plan remembered before it was
         forked) carries them by number (a pickle persistent id, _unpickled's), not whole: 25 KB for 8 GPUs with
         every capability, ~0.5 ms of pickling on the two sides of every such start."""
-        serial = self._serials.get(id(decided.edits)) if decided is not None else None
+        serial = next((n for _c, _i, planned, n in self._plans.values() if planned.edits is decided.edits), None) \
+            if decided is not None else None
         if decided is None or serial is None or serial >= self._spare_knows:
             return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         out = io.BytesIO()
@@ -496,7 +491,7 @@ class Service:
 
     def _unpickled(self, message: bytes) -> tuple[object, ...]:
         """_handed's message, in the spare: edits given by number are this process's copy of that plan's."""
-        return _Known(message, self._edits).load()
+        return _Known(message, {n: planned.edits for _c, _i, planned, n in self._plans.values()}).load()
 
     def _serve_as_spare(self, sock: socket.socket) -> None:
         """In the spare: wait for the one start handed over (_hand_over), then run it as a child forked for it
