@@ -198,10 +198,11 @@ def test_injection_child_killed_fails_clearly(e2e: None, fake_driver: FakeDriver
 
     def kill_the_injection_child() -> None:
         """The fake's parent as the host sees it (psutil, never a pid the fake reports: in another PID
-        namespace that could be 0, this very process group), and only if it is the hook's own Python."""
+        namespace that could be 0, this very process group), and only if it is the hook's own Python; once the
+        fake has reported (killed sooner, the parent's PR_SET_PDEATHSIG would end the fake before it writes)."""
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            for proc in psutil.process_iter(["exe"]):
+            for proc in psutil.process_iter(["exe"]) if ready.exists() else ():
                 if proc.info["exe"] == str(exe):
                     parent = proc.parent()
                     if parent is not None and parent.pid > 1 and "python" in os.path.basename(parent.exe()):
