@@ -36,3 +36,10 @@ def main(argv: list[str] | None = None) -> int:
     from gpuhook.cli.app import main as app_main
 
     return app_main(args)
+
+
+def run() -> None:
+    """The console script `gpuhook`: main(), ended by cli/leave.py (at once after a click-free command)."""
+    from gpuhook.cli.leave import leave
+
+    leave(main())

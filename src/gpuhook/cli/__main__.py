@@ -1,7 +1,5 @@
 """`python -m gpuhook.cli …` is `gpuhook …`."""
 
-import sys
+from gpuhook.cli import run
 
-from gpuhook.cli import main
-
-sys.exit(main())
+run()

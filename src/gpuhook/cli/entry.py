@@ -43,6 +43,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     return hook_main(args)
 
 
+def run() -> None:
+    """What the entry script runs: main(), ended by cli/leave.py (at once: a container start does not wait for the
+    interpreter's teardown)."""
+    from gpuhook.cli.leave import leave
+
+    leave(main())
+
+
 # --- cdi-hook without click ------------------------------------------------------------------------------------
 
 
@@ -108,8 +116,8 @@ def entry_script(python: str, paths: Sequence[str]) -> str:
         "# -IS: no site and no environment variables, so a container start pays only for what the hook imports.\n"
         "import sys\n"
         f"sys.path += {list(paths)!r}\n"
-        "from gpuhook.cli.entry import main\n"
-        "sys.exit(main())\n"
+        "from gpuhook.cli.entry import run\n"
+        "run()\n"
     )
 
 
