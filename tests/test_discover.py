@@ -381,3 +381,22 @@ def test_version_in_a_library_name() -> None:
     assert version_in_name("/r/usr/lib/libnvidia-ml.so.550.54.15") == "550.54.15"
     assert [version_in_name(p) for p in ("/libnvidia-ml.so.1", "libnvidia-ml.so.5x.1", "libcuda.so.550.54",
                                          "libnvidia-ml.so.", "libnvidia-ml.so.550.")] == [None] * 5
+
+
+def test_mig_access_file_read_ahead_changes_no_outcome(fake_driver_factory: Any) -> None:
+    """The MIG capability nodes are read while NVML's child answers (scan._mig_cap_nodes): a cap file of a MIG
+    device that is no longer reported is never asked for, and one that does not parse still fails the
+    discovery in one line naming it, as when it was read after the report."""
+    fake = fake_driver_factory(gpus=2, mig={0: ["1g.10gb", "2g.20gb"], 1: ["7g.80gb"]}, fresh=True)
+    stray = Path(fake.host_path("/proc/driver/nvidia/capabilities/gpu9/mig/gi3/ci0"))
+    stray.mkdir(parents=True)  # a GPU NVML does not report: its unreadable files are no one's business
+    (stray / "access").write_text("garbage\n")
+    (stray.parent / "access").write_text("garbage\n")
+    inv = discover(roots(fake))
+    assert [sorted(n.minor for n in m.cap_nodes) for g in inv.gpus for m in g.mig_devices] == [
+        sorted([m.gi_cap_minor, m.ci_cap_minor]) for g in fake.gpus for m in g.mig_devices]
+    bad = fake.gpus[1].mig_devices[0].ci_access
+    Path(fake.host_path(bad)).write_text("DeviceFileMinor: nine\n")
+    with pytest.raises(DiscoveryError, match="no valid 'DeviceFileMinor'") as caught:
+        discover(roots(fake))
+    assert bad.removeprefix("/proc/") in str(caught.value)

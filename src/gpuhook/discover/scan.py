@@ -6,6 +6,7 @@ NVML is the primary source; procfs and /dev are the fallback (and the only sourc
 from __future__ import annotations
 
 import os
+from contextlib import suppress
 
 from gpuhook.discover import datacenter, devnodes, procfs
 from gpuhook.discover.driverfiles import all_files, ldcache_index
@@ -38,7 +39,11 @@ def nvml_library(driver_root: str) -> str | None:
     return None
 
 
-def _cap_node(roots: Roots, access_canonical: str) -> DeviceNode | None:
+def _cap_node(roots: Roots, access_canonical: str, known: dict[str, DeviceNode | None] | None = None
+              ) -> DeviceNode | None:
+    """The nvidia-caps node an access file names (`known`: _mig_cap_nodes' answers, read ahead)."""
+    if known is not None and access_canonical in known:
+        return known[access_canonical]
     access = procfs.proc_host_path(roots.proc_root, access_canonical)
     if not os.path.exists(access):
         return None
@@ -55,11 +60,34 @@ def _cap_node(roots: Roots, access_canonical: str) -> DeviceNode | None:
 
 def _mig_device(
     roots: Roots, gpu_index: int, gpu_minor: int, index: int, uuid: str, gi: int, ci: int, profile: str,
-    memory_mib: int = 0,
+    memory_mib: int = 0, known: dict[str, DeviceNode | None] | None = None,
 ) -> MigDevice:
     gi_access, ci_access = procfs.mig_access_paths(gpu_minor, gi, ci)
-    nodes = tuple(n for n in (_cap_node(roots, gi_access), _cap_node(roots, ci_access)) if n is not None)
+    nodes = tuple(n for n in (_cap_node(roots, gi_access, known), _cap_node(roots, ci_access, known))
+                  if n is not None)
     return MigDevice(gpu_index, index, uuid, gi, ci, profile, gi_access, ci_access, nodes, memory_mib)
+
+
+def _mig_cap_nodes(roots: Roots) -> dict[str, DeviceNode | None]:
+    """The node of every MIG access file procfs shows (keyed by its canonical path), read while NVML's child
+    answers: the ~110 small reads of 8 GPUs x 7 MIG devices (~3 ms) leave the cold path's critical one. A file
+    that does not parse is left out, for _cap_node to fail on if the report names it."""
+    known: dict[str, DeviceNode | None] = {}
+    try:
+        names = os.listdir(os.path.join(roots.proc_root, procfs.NVIDIA_PROC, "capabilities"))
+    except OSError:
+        return known
+    for name in names:
+        if not (name.startswith("gpu") and name[3:].isdigit()):
+            continue
+        minor = int(name[3:])
+        with suppress(OSError):
+            for gi, ci in procfs.mig_instances(roots.proc_root, minor):
+                for access in procfs.mig_access_paths(minor, gi, ci):
+                    if access not in known:
+                        with suppress(DiscoveryError, OSError):
+                            known[access] = _cap_node(roots, access)
+    return known
 
 
 def _gpu(roots: Roots, index: int, minor: int, uuid: str, bus_id: str, **extra: object) -> Gpu:
@@ -77,10 +105,11 @@ def _gpu(roots: Roots, index: int, minor: int, uuid: str, bus_id: str, **extra: 
     )
 
 
-def _from_nvml(roots: Roots, report: NvmlReport) -> tuple[str, str, list[Gpu]]:
+def _from_nvml(roots: Roots, report: NvmlReport, known: dict[str, DeviceNode | None] | None = None
+               ) -> tuple[str, str, list[Gpu]]:
     gpus = []
     for g in report.gpus:
-        migs = [_mig_device(roots, g.index, g.minor, m.index, m.uuid, m.gi, m.ci, m.profile, m.memory_mib)
+        migs = [_mig_device(roots, g.index, g.minor, m.index, m.uuid, m.gi, m.ci, m.profile, m.memory_mib, known)
                 for m in g.migs]
         gpus.append(
             _gpu(
@@ -187,6 +216,7 @@ def _discover(roots: Roots, method: str, mps_pipe_dir: str | None, nvml_child: n
     if mps_pipe_dir is None:
         mps_pipe_dir = os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or None
     early: tuple[str, list[DriverFile]] | None = None  # the files for the version NVML will most likely report
+    host: dict[str, object] | None = None
     if method in ("auto", "nvml"):
         library = nvml_library(roots.driver_root)
         if library is None:
@@ -195,9 +225,12 @@ def _discover(roots: Roots, method: str, mps_pipe_dir: str | None, nvml_child: n
             from gpuhook.discover import nvml
 
             report = (nvml_child or nvml.Child()).query(library)
+            # while it answers: the driver's files, the MIG capability nodes and what only the roots decide
             early = _files_beside(roots, nvml.version_in_name(library), mps_pipe_dir)
+            known = _mig_cap_nodes(roots)
+            host = _host_parts(roots)
             try:
-                result = _from_nvml(roots, report())
+                result = _from_nvml(roots, report(), known)
                 source = "nvml"
             except DiscoveryError as exc:
                 reasons.append(str(exc))
@@ -214,8 +247,6 @@ def _discover(roots: Roots, method: str, mps_pipe_dir: str | None, nvml_child: n
                                                                                  mps_pipe_dir)
     if not cuda:
         cuda = _cuda_from_libcuda(files, reasons)
-    params = os.path.join(roots.proc_root, "driver/nvidia/params")
-    gated = datacenter.gated_nodes(roots.dev_root)
     return Inventory(
         driver_version=version,
         cuda_version=cuda,
@@ -224,14 +255,24 @@ def _discover(roots: Roots, method: str, mps_pipe_dir: str | None, nvml_child: n
         dev_root=roots.dev_root,
         proc_root=roots.proc_root,
         gpus=gpus,
-        control_nodes=_control_nodes(roots),
-        mig_control_nodes=_mig_control_nodes(roots),
         files=files,
-        params_host_path=params if os.path.exists(params) else "",
-        fingerprint=fingerprint(roots),
         notes=reasons,
-        imex_major=devnodes.devices_major(roots.proc_root, catalogue.IMEX_DEVICES_NAME),
-        imex_channels=datacenter.imex_channels(roots.dev_root),
-        gated_nodes=gated,
-        gated_mounts=datacenter.gated_mounts(roots.driver_root, gated),
+        **(host or _host_parts(roots)),
     )
+
+
+def _host_parts(roots: Roots) -> dict[str, object]:
+    """The inventory's fields that the roots alone decide (control and gated nodes, IMEX, params, fingerprint),
+    as Inventory's keywords: read while NVML's child answers, where there is one."""
+    params = os.path.join(roots.proc_root, "driver/nvidia/params")
+    gated = datacenter.gated_nodes(roots.dev_root)
+    return {
+        "control_nodes": _control_nodes(roots),
+        "mig_control_nodes": _mig_control_nodes(roots),
+        "params_host_path": params if os.path.exists(params) else "",
+        "fingerprint": fingerprint(roots),
+        "imex_major": devnodes.devices_major(roots.proc_root, catalogue.IMEX_DEVICES_NAME),
+        "imex_channels": datacenter.imex_channels(roots.dev_root),
+        "gated_nodes": gated,
+        "gated_mounts": datacenter.gated_mounts(roots.driver_root, gated),
+    }
