@@ -40,7 +40,7 @@ static const int ldconfig_syscalls[] = {
     S(readv) S(writev) S(mmap) S(munmap) S(mprotect) S(mremap) S(brk) S(madvise) S(rt_sigaction)
     S(rt_sigprocmask) S(rt_sigreturn) S(ioctl) S(faccessat) S(faccessat2) S(getdents64) S(getcwd) S(chdir)
     S(fchdir) S(renameat) S(renameat2) S(mkdirat) S(unlinkat) S(symlinkat) S(readlinkat) S(fchmod) S(fchmodat)
-    S(fsync) S(fdatasync) S(ftruncate) S(fcntl) S(dup) S(dup3) S(exit) S(exit_group) S(set_tid_address)
+    S(ftruncate) S(fcntl) S(dup) S(dup3) S(exit) S(exit_group) S(set_tid_address)
     S(set_robust_list) S(rseq) S(prlimit64) S(getrandom) S(uname) S(futex) S(getpid) S(gettid) S(tgkill)
     S(getuid) S(geteuid) S(getgid) S(getegid) S(umask) S(clock_gettime) S(gettimeofday) S(sysinfo)
     S(sched_getaffinity) S(execve) S(execveat)
@@ -82,7 +82,7 @@ int gh_seccomp_ldconfig(void)
     return -1;
 #else
     enum { N = sizeof(ldconfig_syscalls) / sizeof(ldconfig_syscalls[0]) };
-    struct sock_filter f[6 + 2 * N + 1];
+    struct sock_filter f[6 + 4 + 2 * N + 1];
     size_t k = 0;
     f[k++] = (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch));
     f[k++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, GH_AUDIT_ARCH, 1, 0);
@@ -91,6 +91,13 @@ int gh_seccomp_ldconfig(void)
     /* x32 system calls (bit 30) share the arch: killed, never matched against the 64-bit numbers */
     f[k++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, 0x40000000u, 0, 1);
     f[k++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS);
+    /* fsync and fdatasync succeed without running: the cache ldconfig writes lives in a container's rootfs, and
+     * every start (prestart hook, CDI hook, shim) writes it anew, so a crash can lose nothing a restart does not
+     * rebuild. On ext4 each one forced a journal commit that the container's start waited for. */
+    f[k++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)__NR_fsync, 0, 1);
+    f[k++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | 0);
+    f[k++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)__NR_fdatasync, 0, 1);
+    f[k++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | 0);
     for (size_t i = 0; i < N; i++) {
         f[k++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)ldconfig_syscalls[i], 0, 1);
         f[k++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);
