@@ -217,6 +217,11 @@ def need_root_and(*tools: str) -> None:
 def workdir(name: str, keep: bool, base: str = "/tmp") -> Iterator[Path]:
     """A short directory under `base` (podman limits its runroot path to 50 characters), removed unless `keep`."""
     path = Path(tempfile.mkdtemp(prefix=f"gh-{name}-", dir=base))
+    if journal_less_ext4(path):
+        print(f"note: {base} is ext4 without a journal: there ext4 allocates no inode freed in the last one to six "
+              "minutes (recently_deleted), so a file created soon after many were deleted (another benchmark's "
+              "clean-up) costs up to ~100 us more; leave two minutes between benchmarks, or --work-dir /dev/shm",
+              file=sys.stderr)
     try:
         yield path
     finally:
@@ -224,6 +229,17 @@ def workdir(name: str, keep: bool, base: str = "/tmp") -> Iterator[Path]:
             print(f"work directory kept: {path}")
         else:
             shutil.rmtree(path, ignore_errors=True)
+
+
+def journal_less_ext4(path: Path) -> bool:
+    """Whether `path` is on an ext4 filesystem without a journal (its jbd2 task, in sysfs, is "<none>")."""
+    dev = os.stat(path).st_dev
+    try:
+        name = os.path.basename(os.readlink(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}"))
+        with open(f"/sys/fs/ext4/{name}/journal_task", encoding="ascii") as f:
+            return f.read().strip() == "<none>"
+    except OSError:
+        return False
 
 
 def gpuhook_command() -> list[str]:
