@@ -46,6 +46,10 @@ def _float(value: float) -> str:
 
 def scalar(value: object) -> str:
     """One scalar as YAML text."""
+    if type(value) is str:  # nearly every scalar of a spec, and most of them written before
+        text = _WRITTEN.get(value)
+        if text is not None:
+            return text
     if value is None:
         return "null"
     if isinstance(value, bool):
