@@ -548,7 +548,7 @@ def test_a_cdi_hook_through_the_service_is_the_in_process_one(native: Path, root
         served = _cdi_hook_start(root_tmp, native, running.sock, args, "served")
         assert served.returncode == 0, served.stderr
         assert not (root_tmp / "fallback-ran").exists()
-        assert not psutil.pid_exists(spare) or psutil.Process(spare).status() == psutil.STATUS_ZOMBIE  # it ran it
+        assert _gone(spare)  # it ran it
         failed = _cdi_hook_start(root_tmp, native, running.sock, ["update-container", "--folder", "/opt/lib",
                                                                   "--ldconfig-path", "/nonexistent"], "failed")
         assert failed.returncode != 0 and "gpuhook: cannot open ldconfig /nonexistent" in failed.stderr
@@ -956,20 +956,28 @@ def test_the_running_service_keeps_a_spare_and_replaces_it_after_each_start(nati
         no_fallback(native, root_tmp / "fallback-ran")
         served = _runc_start(root_tmp, native, config, running.sock, env, "served")
         assert served.returncode == 0, served.stderr
-        assert not psutil.pid_exists(first) or psutil.Process(first).status() == psutil.STATUS_ZOMBIE
+        assert _gone(first)
         second = _one_waiting_child(service)
         assert second != first
     finally:
         running.stop()
     assert served.stdout == fallback.stdout and "nvidia1" in nodes(served.stdout)
-    assert not psutil.pid_exists(second) or psutil.Process(second).status() == psutil.STATUS_ZOMBIE
+    assert _gone(second)
+
+
+def _gone(pid: int) -> bool:
+    """Whether `pid` has ended (reaped, or a zombie); a process that ends while it is looked at has too."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def _one_waiting_child(service: psutil.Process) -> int:
     """The pid of the service's one child, once it has exactly one (the spare, forked when idle)."""
     deadline = time.monotonic() + 10
     while True:
-        children = [c for c in service.children() if c.status() != psutil.STATUS_ZOMBIE]
+        children = [c for c in service.children() if not _gone(c.pid)]
         if len(children) == 1:
             return children[0].pid
         assert time.monotonic() < deadline, f"the idle service has children {children}, not one spare"
