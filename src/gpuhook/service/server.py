@@ -358,9 +358,13 @@ class Service:
                     os.unlink(self.socket_path)
             self.listener.close()
             self.listener = None
-        self._let_spare_go()
+        spare = self._drop_spare()
+        if spare is not None:  # idle, it holds no start: ended now, not when its page copies are done and it reads
+            with contextlib.suppress(ProcessLookupError):  # its socket's end (the service would be gone by then)
+                os.kill(spare, signal.SIGKILL)
+            self.spent.add(spare)
         deadline = time.monotonic() + STOP_WAIT_S
-        while self.children and time.monotonic() < deadline:
+        while (self.children or self.spent) and time.monotonic() < deadline:
             self.reap()
             time.sleep(0.01)
         for conn in self.children.values():
