@@ -252,6 +252,46 @@ def test_find_cgroup_failures(tmp_path: Path) -> None:
         find_cgroup(999999, proc, mi)
 
 
+# A node's mountinfo with thousands of pod mounts: find_cgroup parses only the lines at the cgroup mounts' points
+# and the folders above them (mountinfo.points_above), never the pods'.
+POD_MOUNTS = "".join(f"{1000 + i} 27 0:{200 + i} / /var/lib/kubelet/pods/p{i}/volumes/kubernetes.io~secret/t rw "
+                     f"shared:{i} - tmpfs tmpfs rw\n" for i in range(300))
+COVERING_TMPFS = "70 27 0:50 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw\n"  # mounted over the v1 tree later
+
+
+@pytest.mark.parametrize(("proc_cgroup", "mountinfo", "expected"), [
+    (PROC_V1, POD_MOUNTS + V1_MOUNTS + POD_MOUNTS, ("v1", "/sys/fs/cgroup/devices/ctr-1")),
+    (PROC_V2, V2_MOUNTS + POD_MOUNTS, ("v2", "/sys/fs/cgroup/system.slice/ctr-2.scope")),
+    (PROC_V1, V1_MOUNTS + HYBRID_EXTRA + POD_MOUNTS + SHADOWING_CGROUP2, ("v2", "/sys/fs/cgroup/ctr-1")),
+    # a later tmpfs (no cgroup line) over /sys/fs/cgroup hides the v1 tree: a filter on the cgroup types alone
+    # would lose it and answer the hidden v1 folder
+    (PROC_V1, V1_MOUNTS + POD_MOUNTS + COVERING_TMPFS, None),
+])  # fmt: skip
+def test_find_cgroup_among_pod_mounts(tmp_path: Path, proc_cgroup: str, mountinfo: str,
+                                      expected: tuple[str, str] | None) -> None:
+    proc, mi = write_fake(tmp_path, proc_cgroup, mountinfo)
+    if expected is None:
+        with pytest.raises(RuntimeError, match="no visible cgroup 'devices' or cgroup2 mount"):
+            find_cgroup(4242, proc, mi)
+    else:
+        assert tuple(find_cgroup(4242, proc, mi)) == expected
+
+
+def test_only_the_lines_above_cgroup_mounts_are_parsed() -> None:
+    from gpuhook.inject.mountinfo import parse_mountinfo, points_above
+
+    text = V1_MOUNTS + POD_MOUNTS + COVERING_TMPFS + "80 27 0:60 / /mnt/cg\\040x rw - cgroup2 cgroup2 rw\n"
+    points = points_above(text, ("cgroup", "cgroup2"))
+    assert points == {"/", "/sys", "/sys/fs", "/sys/fs/cgroup", "/sys/fs/cgroup/memory", "/sys/fs/cgroup/devices",
+                      "/sys/fs/cgroup/cpu,cpuacct", "/mnt", "/mnt/cg\\040x"}
+    every = parse_mountinfo(text)
+    kept = parse_mountinfo(text, points)
+    # /sys, the root, the v1 tree, the tmpfs over it, the escaped cgroup2; not /proc, not a pod's
+    assert [m.mount_id for m in kept] == [23, 27, 31, 35, 36, 37, 70, 80]
+    assert kept == [m for m in every if m.mount_id in {23, 27, 31, 35, 36, 37, 70, 80}]  # indices, paths unchanged
+    assert kept[-1].mountpoint == "/mnt/cg x"
+
+
 def test_allow_v1_writes_one_rule_per_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "devices.allow").write_text("")
     writes: list[bytes] = []

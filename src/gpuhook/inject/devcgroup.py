@@ -15,7 +15,7 @@ import os
 import struct
 from collections import namedtuple
 
-from gpuhook.inject.mountinfo import Mount, parse_mountinfo
+from gpuhook.inject.mountinfo import Mount, parse_mountinfo, points_above
 from gpuhook.model.record import Record
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the hook's path)
@@ -159,7 +159,8 @@ def find_cgroup(pid: int, proc_root: str = "/proc", mountinfo: str = "/proc/self
     with open(cgroup_file, encoding="utf-8", errors="surrogateescape") as f:
         v1_path, v2_path = _parse_proc_cgroup(f.read())
     with open(mountinfo, encoding="utf-8", errors="surrogateescape") as f:
-        mounts = parse_mountinfo(f.read())
+        text = f.read()
+    mounts = parse_mountinfo(text, points_above(text, ("cgroup", "cgroup2")))  # what _cgroup_dir looks at
     if v1_path is not None:
         found = _cgroup_dir(mounts, "cgroup", v1_path, controller="devices")
         if found is not None:
