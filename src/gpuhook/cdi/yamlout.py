@@ -46,10 +46,13 @@ def _float(value: float) -> str:
 
 def scalar(value: object) -> str:
     """One scalar as YAML text."""
-    if type(value) is str:  # nearly every scalar of a spec, and most of them written before
+    if isinstance(value, str):  # first: nearly every scalar of a spec, and most of them written before
         text = _WRITTEN.get(value)
-        if text is not None:
-            return text
+        if text is None:
+            text = value if _PLAIN.match(value) and value.lower() not in _RESERVED else _quoted(value)
+            if len(_WRITTEN) < _WRITTEN_MAX and len(value) <= _WRITTEN_LEN:
+                _WRITTEN[value] = text
+        return text
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -58,13 +61,6 @@ def scalar(value: object) -> str:
         return str(value)
     if isinstance(value, float):  # not in a spec gpuhook builds, but `cdi validate` rewrites what it reads
         return _float(value)
-    if isinstance(value, str):
-        text = _WRITTEN.get(value)
-        if text is None:
-            text = value if _PLAIN.match(value) and value.lower() not in _RESERVED else _quoted(value)
-            if len(_WRITTEN) < _WRITTEN_MAX and len(value) <= _WRITTEN_LEN:
-                _WRITTEN[value] = text
-        return text
     raise TypeError(f"a CDI spec holds no {type(value).__name__}")
 
 

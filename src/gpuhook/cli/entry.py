@@ -43,14 +43,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     return hook_main(args)
 
 
-def run() -> None:
-    """What the entry script runs: main(), ended by cli/leave.py (at once: a container start does not wait for the
-    interpreter's teardown)."""
-    from gpuhook.cli.leave import leave
-
-    leave(main())
-
-
 # --- cdi-hook without click ------------------------------------------------------------------------------------
 
 
@@ -116,8 +108,9 @@ def entry_script(python: str, paths: Sequence[str]) -> str:
         "# -IS: no site and no environment variables, so a container start pays only for what the hook imports.\n"
         "import sys\n"
         f"sys.path += {list(paths)!r}\n"
-        "from gpuhook.cli.entry import run\n"
-        "run()\n"
+        "from gpuhook.cli.entry import main\n"
+        "from gpuhook.cli.leave import leave\n"
+        "leave(main())  # a container start does not wait for the interpreter's teardown\n"
     )
 
 
@@ -127,7 +120,8 @@ def _check(python: str, paths: Sequence[str]) -> None:
 
     from gpuhook.errors import GpuhookError
 
-    code = f"import sys; sys.path += {list(paths)!r}; import gpuhook.cli.entry, gpuhook.hook.prestart, gpuhook._native"
+    code = (f"import sys; sys.path += {list(paths)!r}; "
+            "import gpuhook.cli.entry, gpuhook.cli.leave, gpuhook.hook.prestart, gpuhook._native")
     result = subprocess.run([python, "-IS", "-c", code], stdin=subprocess.DEVNULL, capture_output=True, text=True,
                             check=False)  # fmt: skip
     if result.returncode != 0:

@@ -111,6 +111,27 @@ def mig_access_paths(gpu_minor: int, gi: int, ci: int) -> tuple[str, str]:
     return f"{base}/access", f"{base}/ci{ci}/access"
 
 
+def mig_access_files(proc_root: str) -> list[str]:
+    """Canonical paths of the gi and ci access files of every MIG device procfs shows, on every GPU that has a
+    capabilities folder (each gi file once): what discovery reads while NVML's child answers."""
+    base = os.path.join(proc_root, NVIDIA_PROC, "capabilities")
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return []
+    found: dict[str, None] = {}
+    for name in names:
+        if re.fullmatch(r"gpu\d+", name):
+            minor = int(name[3:])
+            try:
+                pairs = mig_instances(proc_root, minor)
+            except OSError:
+                continue
+            for gi, ci in pairs:
+                found.update(dict.fromkeys(mig_access_paths(minor, gi, ci)))
+    return list(found)
+
+
 def proc_host_path(proc_root: str, canonical: str) -> str:
     """Map a canonical /proc/... path onto the proc root that discovery reads."""
     return os.path.join(proc_root, canonical.removeprefix("/proc/"))

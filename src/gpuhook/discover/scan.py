@@ -71,22 +71,11 @@ def _mig_device(
 def _mig_cap_nodes(roots: Roots) -> dict[str, DeviceNode | None]:
     """The node of every MIG access file procfs shows (keyed by its canonical path), read while NVML's child
     answers: the ~110 small reads of 8 GPUs x 7 MIG devices (~3 ms) leave the cold path's critical one. A file
-    that does not parse is left out, for _cap_node to fail on if the report names it."""
+    that does not parse is left out, for _cap_node to fail on if a MIG device names it."""
     known: dict[str, DeviceNode | None] = {}
-    try:
-        names = os.listdir(os.path.join(roots.proc_root, procfs.NVIDIA_PROC, "capabilities"))
-    except OSError:
-        return known
-    for name in names:
-        if not (name.startswith("gpu") and name[3:].isdigit()):
-            continue
-        minor = int(name[3:])
-        with suppress(OSError):
-            for gi, ci in procfs.mig_instances(roots.proc_root, minor):
-                for access in procfs.mig_access_paths(minor, gi, ci):
-                    if access not in known:
-                        with suppress(DiscoveryError, OSError):
-                            known[access] = _cap_node(roots, access)
+    for access in procfs.mig_access_files(roots.proc_root):
+        with suppress(DiscoveryError, OSError):
+            known[access] = _cap_node(roots, access)
     return known
 
 
@@ -134,14 +123,15 @@ def _from_nvml(roots: Roots, report: NvmlReport, known: dict[str, DeviceNode | N
     return report.driver_version, report.cuda_version, gpus
 
 
-def _from_procfs(roots: Roots) -> tuple[str, str, list[Gpu]]:
+def _from_procfs(roots: Roots, known: dict[str, DeviceNode | None] | None = None) -> tuple[str, str, list[Gpu]]:
     version = procfs.driver_version(roots.proc_root)
     gpus: list[Gpu] = []
     proc_gpus = [g for g in procfs.gpus(roots.proc_root) if not g.excluded]
     if proc_gpus:
         for index, pg in enumerate(proc_gpus):
             pairs = procfs.mig_instances(roots.proc_root, pg.minor)
-            migs = [_mig_device(roots, index, pg.minor, i, "", gi, ci, "") for i, (gi, ci) in enumerate(pairs)]
+            migs = [_mig_device(roots, index, pg.minor, i, "", gi, ci, "", known=known)
+                    for i, (gi, ci) in enumerate(pairs)]
             gpus.append(
                 _gpu(roots, index, pg.minor, pg.uuid, pg.bus_id, name=pg.model, mig_enabled=bool(migs),
                      mig_capable=bool(migs), migs=migs)
@@ -216,7 +206,8 @@ def _discover(roots: Roots, method: str, mps_pipe_dir: str | None, nvml_child: n
     if mps_pipe_dir is None:
         mps_pipe_dir = os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or None
     early: tuple[str, list[DriverFile]] | None = None  # the files for the version NVML will most likely report
-    host: dict[str, object] | None = None
+    host: dict[str, object] | None = None  # what the roots alone decide, and the MIG cap nodes: read while
+    known: dict[str, DeviceNode | None] | None = None  # NVML's child answers, where there is one
     if method in ("auto", "nvml"):
         library = nvml_library(roots.driver_root)
         if library is None:
@@ -241,7 +232,7 @@ def _discover(roots: Roots, method: str, mps_pipe_dir: str | None, nvml_child: n
         if not os.path.exists(version_file):
             reasons.append(f"no {version_file}")
             raise DiscoveryError(f"no NVIDIA driver found under {roots.driver_root}: " + "; ".join(reasons))
-        result = _from_procfs(roots)
+        result = _from_procfs(roots, known)
     version, cuda, gpus = result
     files = early[1] if early is not None and early[0] == version else all_files(roots.driver_root, version,
                                                                                  mps_pipe_dir)

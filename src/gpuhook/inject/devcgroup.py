@@ -15,13 +15,13 @@ import os
 import struct
 from collections import namedtuple
 
-from gpuhook.inject.mountinfo import Mount, parse_mountinfo, points_above
+from gpuhook.inject.mountinfo import Mount, ancestor_paths, parse_mountinfo, points_above
 from gpuhook.model.record import Record
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the hook's path)
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
+    from collections.abc import Sequence
     from types import ModuleType
 
 __all__ = ["DeviceRule", "Grant", "allow_devices", "allow_v1", "allow_v2", "assemble_allow_prefix",
@@ -190,15 +190,6 @@ def _parse_proc_cgroup(text: str) -> tuple[str | None, str | None]:
     return v1, v2
 
 
-def _ancestor_paths(path: str) -> Iterable[str]:
-    """`path` and every directory above it: /a/b -> /a/b, /a, /."""
-    while True:
-        yield path
-        if path == "/":
-            return
-        path = path.rsplit("/", 1)[0] or "/"
-
-
 def _is_hidden(mount: Mount, by_id: dict[int, Mount], by_point: dict[str, list[Mount]]) -> bool:
     """True when a later mount covers `mount`'s mount point (or a directory above it) without being one of
     the mounts it sits on: e.g. cgroup2 mounted over a cgroup v1 tmpfs at /sys/fs/cgroup."""
@@ -207,7 +198,7 @@ def _is_hidden(mount: Mount, by_id: dict[int, Mount], by_point: dict[str, list[M
     while parent in by_id and parent not in below:
         below.add(parent)
         parent = by_id[parent].parent_id
-    for path in _ancestor_paths(mount.mountpoint):
+    for path in ancestor_paths(mount.mountpoint):
         for other in by_point.get(path, ()):
             if other.index > mount.index and other.mount_id not in below and other.mount_id != mount.mount_id:
                 return True

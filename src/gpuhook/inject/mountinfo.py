@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from collections import namedtuple
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the hook's path)
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
 # One mountinfo line: index (line number), mount_id, parent_id, root, mountpoint, fstype, super_options (a tuple).
 # A namedtuple: no dataclasses or typing on the hook's path.
 Mount = namedtuple("Mount", ["index", "mount_id", "parent_id", "root", "mountpoint", "fstype", "super_options"])
@@ -59,11 +63,17 @@ def points_above(text: str, fstypes: tuple[str, ...]) -> frozenset[str]:
     for line in text.splitlines():
         if any(w in line for w in wanted):
             fields = line.split(" ", 5)
-            point = fields[4] if len(fields) > 4 else "/"
-            while point not in points:
-                points.add(point)
-                point = point.rsplit("/", 1)[0] or "/"
+            points.update(ancestor_paths(fields[4] if len(fields) > 4 else "/"))
     return frozenset(points)
+
+
+def ancestor_paths(path: str) -> Iterator[str]:
+    """`path` and every directory above it: /a/b -> /a/b, /a, /."""
+    while True:
+        yield path
+        if path == "/":
+            return
+        path = path.rsplit("/", 1)[0] or "/"
 
 
 def read_mounts(path: str = "/proc/self/mountinfo") -> list[Mount]:

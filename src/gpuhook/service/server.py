@@ -358,11 +358,10 @@ class Service:
                     os.unlink(self.socket_path)
             self.listener.close()
             self.listener = None
-        spare = self._drop_spare()
-        if spare is not None:  # idle, it holds no start: ended now, not when its page copies are done and it reads
-            with contextlib.suppress(ProcessLookupError):  # its socket's end (the service would be gone by then)
-                os.kill(spare, signal.SIGKILL)
-            self.spent.add(spare)
+        if self.spare is not None:  # idle, it holds no start: ended now, not once its page copies are done and it
+            with contextlib.suppress(ProcessLookupError):  # reads its socket's end (the service gone by then)
+                os.kill(self.spare[0], signal.SIGKILL)
+        self._let_spare_go()
         deadline = time.monotonic() + STOP_WAIT_S
         while (self.children or self.spent) and time.monotonic() < deadline:
             self.reap()
