@@ -130,6 +130,56 @@ def test_extra_descriptors_are_closed_never_kept() -> None:
         os.close(fd)
 
 
+def test_a_late_state_follows_its_header_and_any_descriptor_with_it_is_closed() -> None:
+    """A cdi-hook request may send its header first (`later`) and its state once it has it; the state part has
+    no descriptor in the format, so one sent along is closed, never kept."""
+    client, server = _pair()
+    protocol.send_request(client, ["cdi-hook", "update-ldcache"], b"", later=True)
+    request = protocol.read_request(server)
+    assert (request.argv, request.state, request.later, request.pid_fd) == (["cdi-hook", "update-ldcache"], b"",
+                                                                            True, None)
+    body = b'{"id": "late", "pid": 1}'
+    fd = os.open("/dev/null", os.O_RDONLY)
+    socket.send_fds(client, [protocol.encode_late_state(body)], [fd])
+    os.close(fd)
+    before = set(os.listdir("/proc/self/fd"))
+    assert protocol.read_late_state(server) == body
+    assert set(os.listdir("/proc/self/fd")) <= before
+    assert protocol.read_request(_sent(protocol.encode_request(["prestart"], body))).later is False
+
+
+def _sent(data: bytes) -> socket.socket:
+    """The server end of a pair whose client sent `data` and closed."""
+    client, server = _pair()
+    client.sendall(data)
+    client.close()
+    return server
+
+
+@pytest.mark.parametrize("header", [
+    b'{"v": 1, "argv": [], "state": 2, "later": true}',
+    b'{"v": 1, "argv": [], "state": 0, "pid_fd": true, "later": true}',
+    b'{"v": 1, "argv": [], "state": 0, "later": "yes"}',
+])  # fmt: skip
+def test_a_late_header_carries_neither_state_nor_descriptor(header: bytes) -> None:
+    with pytest.raises(protocol.ProtocolError, match="a request whose state follows has no state or descriptor"):
+        protocol.read_request(_sent(_framed(header) + b"{}"))
+
+
+def test_a_late_state_is_bounded_and_timed() -> None:
+    with pytest.raises(protocol.ProtocolError, match=f"state size {protocol.MAX_STATE + 1} is outside"):
+        protocol.read_late_state(_sent((protocol.MAX_STATE + 1).to_bytes(4, "big")))
+    with pytest.raises(protocol.ProtocolError, match="cut short after 3 of 9 bytes"):
+        protocol.read_late_state(_sent(b"\0\0\0\x09abc"))
+    client, server = _pair()
+    with client, server:
+        client.sendall(b"\0\0\0\x09ab")  # a runtime that never writes the rest
+        start = time.monotonic()
+        with pytest.raises(protocol.ProtocolError, match="not complete within 0.3 s"):
+            protocol.read_late_state(server, timeout=0.3)
+        assert time.monotonic() - start < 2
+
+
 # --- the running service ----------------------------------------------------------------------------------------
 
 
@@ -401,6 +451,95 @@ def test_a_service_dying_after_accepting_is_never_retried_in_process(native: Pat
     assert result.returncode == 1 and not marker.exists()  # ... so no second try in-process
     assert result.stderr == f"gpuhook-hook: service {root_tmp / 'dies.sock'} closed without an answer: " \
                             "the start fails\n"
+
+
+def _late_service(sock: Path, behaviour: str) -> tuple[socket.socket, threading.Thread, list[object]]:
+    """A server for one cdi-hook client: it records the header it read, then answers 0 after the late state
+    ("answer"), closes before it ("leave") or closes after reading it ("die"); a client that closed instead of
+    sending the state is recorded as the ProtocolError."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(sock))
+    listener.listen(1)
+    got: list[object] = []
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            got.append(protocol.read_request(conn))
+            if behaviour == "leave":
+                return
+            try:
+                got.append(protocol.read_late_state(conn))
+            except protocol.ProtocolError as exc:  # the client closed instead
+                got.append(exc)
+                return
+            if behaviour == "answer":
+                conn.sendall(protocol.encode_answer(0, ""))
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return listener, thread, got
+
+
+def _cdi_entry(native: Path, sock: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([str(native), "cdi-hook", "update-ldcache", "--folder", "/opt/lib"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={"PATH": "/usr/bin:/bin", "GPUHOOK_SERVICE_SOCKET": str(sock)})
+
+
+@pytest.mark.parametrize("behaviour", ["answer", "leave", "die"])
+def test_a_native_cdi_hook_sends_its_header_before_its_state(native: Path, root_tmp: Path, behaviour: str) -> None:
+    """The createContainer hook's header reaches the service while the runtime has not written the state yet;
+    the state follows whole. A service gone before it read the state (the state's send fails: EPIPE, and no
+    answer) cannot have done anything, so the entry runs the call in-process; one that read it and closed without
+    an answer fails the start in one line, never run twice."""
+    marker = root_tmp / "fallback-ran"
+    no_fallback(native, marker)
+    sock = root_tmp / f"{behaviour}.sock"
+    listener, thread, got = _late_service(sock, behaviour)
+    body = b'{"id": "late", "pid": 1, "bundle": "/nonexistent"}'
+    proc = _cdi_entry(native, sock)
+    try:
+        deadline = time.monotonic() + 10
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert got and proc.poll() is None  # the header came, stdin still open
+        header = got[0]
+        assert isinstance(header, protocol.Request) and header.later and header.state == b""
+        assert header.argv == ["cdi-hook", "update-ldcache", "--folder", "/opt/lib"]
+        if behaviour == "leave":
+            thread.join(5)
+        out, err = proc.communicate(body, timeout=30)
+    finally:
+        proc.kill()
+        listener.close()
+    thread.join(5)
+    if behaviour == "answer":
+        assert (proc.returncode, err, got[1:]) == (0, b"", [body]) and not marker.exists()
+    elif behaviour == "leave":
+        assert (proc.returncode, err) == (3, b"gpuhook-hook: fallback ran\n") and marker.exists()
+    else:
+        assert got[1:] == [body] and proc.returncode == 1 and not marker.exists()
+        assert err.decode() == f"gpuhook-hook: service {sock} closed without an answer: the start fails\n"
+
+
+def test_a_cdi_hooks_state_over_the_bound_goes_to_the_fallback_unsent(native: Path, root_tmp: Path) -> None:
+    """A cdi-hook state over protocol.MAX_STATE: the connection is closed with only the header sent (nothing can
+    be done without the state) and the fallback gets all of it."""
+    marker = root_tmp / "fallback-ran"
+    no_fallback(native, marker)
+    sock = root_tmp / "big.sock"
+    listener, thread, got = _late_service(sock, "answer")
+    proc = _cdi_entry(native, sock)
+    try:
+        out, err = proc.communicate(b" " * (protocol.MAX_STATE + 1), timeout=30)
+    finally:
+        proc.kill()
+        listener.close()
+    thread.join(5)
+    assert proc.returncode == 3 and marker.exists()
+    assert isinstance(got[0], protocol.Request) and got[0].later  # the header, then the connection's end
+    assert [str(exc) for exc in got[1:]] == ["request cut short after 0 of 4 bytes"]
 
 
 # --- a real container ---------------------------------------------------------------------------------------------
@@ -789,6 +928,50 @@ def test_a_cdi_hook_is_handed_to_the_spare_whole(in_process: Any, root_tmp: Path
     assert [os.readlink(rootfs / f"opt/libmarker{n}.so") for n in (1, 2)] == ["libmarker.so.1", "libmarker.so.2"]
 
 
+def test_a_cdi_hooks_late_state_is_waited_for_by_its_child_not_the_service(in_process: Any, root_tmp: Path) -> None:
+    """A createContainer hook whose state follows its header: the service parses the arguments and hands the
+    connection on at once (serve_one returns with no state sent; the accept loop never waits on a runtime), and
+    the child does nothing before the state is whole, then makes the link and answers. With a spare and without."""
+    bundle = plain_bundle(root_tmp, [])
+    rootfs = bundle / "rootfs"
+    in_process._fork_spare()
+    spare_pid = in_process.spare[0]
+    took = []
+    for n in (1, 2):
+        client, server = _pair()
+        with client, server:
+            args = ["cdi-hook", "create-symlinks", "--link", f"libmarker.so.{n}::/opt/late{n}.so"]
+            protocol.send_request(client, args, b"", later=True)
+            in_process.serve_one(server)  # returns: the request is a child's now
+            server.close()
+            took.append(list(in_process.children))
+            time.sleep(0.2)
+            assert not (rootfs / f"opt/late{n}.so").is_symlink()  # nothing before the state
+            client.sendall(protocol.encode_late_state(state(bundle, cid=f"late{n}", pid=os.getpid())))
+            while set(took[-1]) & set(in_process.children):  # its end, then the service's copy of the connection
+                in_process.reap(block=True)
+            code, line, _ = protocol.recv_answer(client)
+        assert (code, line) == (0, "")
+        assert os.readlink(rootfs / f"opt/late{n}.so") == f"libmarker.so.{n}"
+    assert took[0] == [spare_pid] and took[1] != [spare_pid] and Forks.count == 2
+
+
+def test_only_a_cdi_hook_may_send_its_state_later(in_process: Any, root_tmp: Path) -> None:
+    """A prestart request (decided by the service itself, which must never wait on a runtime) with a state to
+    follow is refused in one line, nothing forked; a cdi-hook line only click can word is declined before its
+    state is sent, so the client still has it to run the call in-process."""
+    for argv, expected in ((["--config", str(root_tmp / "config.toml"), "prestart"],
+                            (1, "gpuhook-hook: service: refused: only a cdi-hook request's state may follow it")),
+                           (["cdi-hook", "update-container", "--link", "nolink"], (protocol.DECLINED, ""))):
+        client, server = _pair()
+        with client, server:
+            protocol.send_request(client, argv, b"", later=True)
+            in_process.serve_one(server)
+            server.close()
+            assert protocol.recv_answer(client)[:2] == expected
+    assert Forks.count == 0 and not in_process.children
+
+
 def test_a_spare_never_runs_a_whole_call_without_the_clients_namespace(in_process: Any, root_tmp: Path) -> None:
     """A hand-off whose descriptors do not match what it says it carries (a client namespace announced, none
     sent) is refused by the spare in one line: a call is never run in a namespace other than its client's."""
@@ -799,7 +982,7 @@ def test_a_spare_never_runs_a_whole_call_without_the_clients_namespace(in_proces
     client, server = _pair()
     with client, server:
         message = pickle.dumps((True, ["cdi-hook", "create-symlinks"], None, b"{}", time.monotonic(), False, True,
-                                None, ([], [], "", "", [])))
+                                None, ([], [], "", "", []), False))
         socket.send_fds(sock, [message], [server.fileno()])
         in_process._drop_spare()
         server.close()

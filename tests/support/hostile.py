@@ -306,13 +306,25 @@ class Inotify:
 
 def podman_with_spec(directory: Path, fake: Any) -> Any:
     """A private podman world whose /etc/cdi holds the spec `gpuhook generate-cdi` writes for `fake`, its hooks
-    through the installed `gpuhook` (what the hostile-image runs start containers with)."""
+    through the installed `gpuhook` (what the hostile-image runs start containers with); in the suite's service
+    mode through the native entry (hook_binary()) with the session's socket in the hooks' environment, so the
+    createContainer hook goes to the service (its state sent after its header) or to the entry's fallback."""
+    import yaml
+
     from .podman import Podman, need_podman
+    from .service import service_env
 
     podman = need_podman()
     need_busybox()
     world = Podman.create(directory, podman)
+    spec = world.spec_dir / "nvidia.yaml"
+    served = service_env()
     subprocess.run([gpuhook_binary(), "generate-cdi", "--driver-root", str(fake.root), "--proc-root",
-                    str(fake.root / "proc"), "--hook-path", gpuhook_binary(), "--output",
-                    str(world.spec_dir / "nvidia.yaml")], check=True, capture_output=True, text=True)
+                    str(fake.root / "proc"), "--hook-path", hook_binary() if served else gpuhook_binary(),
+                    "--output", str(spec)], check=True, capture_output=True, text=True)
+    if served:
+        data = yaml.safe_load(spec.read_text())
+        for hook in data["containerEdits"]["hooks"]:
+            hook["env"] = [*hook.get("env", []), *(f"{k}={v}" for k, v in served.items())]
+        spec.write_text(yaml.safe_dump(data, sort_keys=False))
     return world

@@ -6,11 +6,15 @@
  * an O_DIRECTORY fd of /proc/<pid> over SCM_RIGHTS when the state names a pid), and relays the answer: the
  * one stderr line and the exit status.
  *
+ * A `cdi-hook …` call (a CDI spec's createContainer hook) connects and sends its header first and its state once
+ * stdin gave it (protocol.py's `later`; cdi_hook below), so the service's part overlaps the runtime's delay.
+ *
  * When nothing listens (connect: ENOENT or ECONNREFUSED, nothing sent yet) it execs the Python entry beside it
  * (its own path + ".py", today's -IS script) with the same arguments and the same state on stdin (a memfd):
  * the same result as before the service existed. Once a request is sent it never falls back, so a container
- * is never injected twice; a service that does not answer within the timeout ($GPUHOOK_SERVICE_TIMEOUT_MS,
- * default 5000, below runc's default hook timeout) fails the start with one line.
+ * is never injected twice, but for a request that provably never arrived whole (EPIPE while sending it, and no
+ * answer: the service went away before reading it); a service that does not answer within the timeout
+ * ($GPUHOOK_SERVICE_TIMEOUT_MS, default 5000, below runc's default hook timeout) fails the start with one line.
  *
  * --help and --version go straight to the Python entry; so does a `cdi-hook …` call the service DECLINED (one only
  * click can word: help, a malformed option), since the service did nothing for it.
@@ -299,8 +303,8 @@ static char *frame(const struct buf *h, const char *state, size_t len, size_t *t
 }
 
 /* All of msg to the service, pid_fd (when >= 0) over SCM_RIGHTS on the first message. A peer that closed
- * unread (EPIPE, ECONNRESET) may still have answered: the caller reads on. */
-static void send_request(int s, char *msg, size_t total, int pid_fd, const struct call *c) {
+ * unread (EPIPE, ECONNRESET: returns 1, else 0) may still have answered: the caller reads on. */
+static int send_request(int s, char *msg, size_t total, int pid_fd, const struct call *c) {
     int first = 1;
     for (size_t off = 0; off < total;) {
         wait_for(s, POLLOUT, c);
@@ -319,11 +323,12 @@ static void send_request(int s, char *msg, size_t total, int pid_fd, const struc
         }
         ssize_t w = sendmsg(s, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (w < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-        if (w < 0 && (errno == EPIPE || errno == ECONNRESET)) return;  /* refused unread: its answer may wait */
+        if (w < 0 && (errno == EPIPE || errno == ECONNRESET)) return 1;  /* refused unread: its answer may wait */
         if (w < 0) lost_errno(c, "dropped the request", errno);
         first = 0;
         off += (size_t)w;
     }
+    return 0;
 }
 
 /* The whole answer, until the service closes or `bound` bytes came; *got is its length. A hook's answer is
@@ -442,9 +447,83 @@ static int is_direct(int argc, char **argv) {
     return !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--version");
 }
 
+/* The header's start up to the state's length: the version, our arguments and the client's GPUHOOK_CONFIG. */
+static void put_hook_header(struct buf *h, int argc, char **argv, const char *state_len) {
+    put_argv(h, argc, argv);
+    put_str(h, "], \"state\": ");
+    put_str(h, state_len);
+    put_str(h, ", \"config_env\": ");
+    const char *config_env = getenv("GPUHOOK_CONFIG");
+    if (config_env && *config_env) put_json_string(h, config_env);
+    else put(h, "null", 4);
+}
+
+/* The hook's answer on s, relayed: its stderr line and exit status. DECLINED (nothing done) runs the Python entry
+ * with the state; so does no answer at all when the state never reached the service (`undelivered`: EPIPE on
+ * it, so nobody read it, and nothing is done without it); any other missing or malformed answer is one line. */
+static int hook_answer(int s, const struct call *c, char **argv, char *state, size_t len, int undelivered) {
+    size_t got;
+    unsigned char *ans = recv_answer(s, 8 + MAX_ANSWER, &got, c);
+    if (got < 8 && undelivered) {
+        close(s);
+        fallback(argv, state, len, 0);
+    }
+    if (got < 8) lost(c, "closed without an answer");
+    uint32_t code = be32(ans), size = be32(ans + 4);
+    if (size > MAX_ANSWER || got < 8 + size) lost(c, "sent a malformed answer");
+    if (code == DECLINED && size == 0) {  /* nothing was done: the Python entry answers it */
+        close(s);
+        fallback(argv, state, len, 0);
+    }
+    if (size) {
+        fwrite(ans + 8, 1, size, stderr);
+        if (ans[8 + size - 1] != '\n') fputc('\n', stderr);
+    }
+    return code > 255 ? 1 : (int)code;
+}
+
+/* A CDI spec's createContainer hook (`cdi-hook …`): connected and its header sent before stdin is read, the state
+ * after it (protocol.py's `later`). runc runs such a hook from `runc init`, whose Go runtime writes the hook's
+ * stdin only once its scheduler gets round to it (1-5 ms idle, measured under podman); meanwhile the service
+ * parses the arguments and its child joins the container's namespace. A state over MAX_STATE is never sent:
+ * the connection is closed (nothing can have been done without the state) and the Python entry reads all of it. */
+static int cdi_hook(int argc, char **argv) {
+    size_t len;
+    int over;
+    const char *sock_path = getenv("GPUHOOK_SERVICE_SOCKET");
+    struct call c = {.sock_path = sock_path && *sock_path ? sock_path : DEFAULT_SOCKET, .ms = timeout_ms()};
+    int s = connect_service(&c);
+    if (s < 0) {
+        char *state = read_state(&len, &over);
+        fallback(argv, state, len, over);
+    }
+    struct buf h = {0};
+    put_hook_header(&h, argc, argv, "0");
+    put_str(&h, ", \"pid_fd\": false, \"later\": true}");
+    if (h.over) fail("arguments are too long for the service", NULL);
+    size_t total;
+    char *msg = frame(&h, NULL, 0, &total);
+    c.deadline = now_ms() + c.ms;
+    int undelivered = send_request(s, msg, total, -1, &c);
+    char *state = read_state(&len, &over);
+    if (over) {
+        close(s);
+        fallback(argv, state, len, 1);
+    }
+    char *part = malloc(4 + len);
+    if (!part) fail("out of memory", NULL);
+    unsigned char be[4] = {len >> 24, len >> 16, len >> 8, len};
+    memcpy(part, be, 4);
+    if (len) memcpy(part + 4, state, len);
+    c.deadline = now_ms() + c.ms;  /* from here: the wait for stdin was the runtime's, not the service's */
+    undelivered |= send_request(s, part, 4 + len, -1, &c);
+    return hook_answer(s, &c, argv, state, len, undelivered);
+}
+
 int main(int argc, char **argv) {
     if (is_direct(argc, argv)) fallback(argv, NULL, 0, 0), exit(1);
     if (argc >= 2 && !strcmp(argv[1], "generate-cdi")) return command(argc, argv);
+    if (argc >= 2 && !strcmp(argv[1], "cdi-hook")) return cdi_hook(argc, argv);
     size_t len;
     int over;
     char *state = read_state(&len, &over);
@@ -463,31 +542,12 @@ int main(int argc, char **argv) {
         pid_fd = open(proc, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     }
     struct buf h = {0};
-    char num[64];
-    put_argv(&h, argc, argv);
-    snprintf(num, sizeof num, "], \"state\": %zu, \"config_env\": ", len);
-    put(&h, num, strlen(num));
-    const char *config_env = getenv("GPUHOOK_CONFIG");
-    if (config_env && *config_env) put_json_string(&h, config_env);
-    else put(&h, "null", 4);
-    put(&h, pid_fd >= 0 ? ", \"pid_fd\": true}" : ", \"pid_fd\": false}", pid_fd >= 0 ? 17 : 18);
+    char num[32];
+    snprintf(num, sizeof num, "%zu", len);
+    put_hook_header(&h, argc, argv, num);
+    put_str(&h, pid_fd >= 0 ? ", \"pid_fd\": true}" : ", \"pid_fd\": false}");
     if (h.over) fail("arguments are too long for the service", NULL);
-    size_t total, got;
+    size_t total;
     char *msg = frame(&h, state, len, &total);
-    send_request(s, msg, total, pid_fd, &c);
-
-    /* The answer: u32 code, u32 length, the stderr line; the service closes after it. */
-    unsigned char *ans = recv_answer(s, 8 + MAX_ANSWER, &got, &c);
-    if (got < 8) lost(&c, "closed without an answer");
-    uint32_t code = be32(ans), size = be32(ans + 4);
-    if (size > MAX_ANSWER || got < 8 + size) lost(&c, "sent a malformed answer");
-    if (code == DECLINED && size == 0) {  /* nothing was done: the Python entry answers it */
-        close(s);
-        fallback(argv, state, len, 0);
-    }
-    if (size) {
-        fwrite(ans + 8, 1, size, stderr);
-        if (ans[8 + size - 1] != '\n') fputc('\n', stderr);
-    }
-    return code > 255 ? 1 : (int)code;
+    return hook_answer(s, &c, argv, state, len, send_request(s, msg, total, pid_fd, &c));
 }

@@ -6,7 +6,7 @@ One request and one answer per connection on a SOCK_STREAM unix socket:
     header   = {"v": 1, "argv": [hook arguments, argv[0] excluded], "state": len(state),
                 "config_env": $GPUHOOK_CONFIG of the client or null, "pid_fd": true when an fd came with it,
                 "cwd": the client's working directory, "exe": its sys.executable, "env": ["NAME=value" of the
-                SERVED_ENV it has] (the three optional: a command's)}
+                SERVED_ENV it has] (the three optional: a command's), "later": true (optional, below)}
     answer   = u32 exit_code | u32 stderr_len | stderr (UTF-8, the hook's stderr; may be empty)
                [| u32 stdout_len | stdout: only for a `generate-cdi` request (the spec, when it goes to stdout)]
 
@@ -22,6 +22,14 @@ The first message of a request may carry one SCM_RIGHTS descriptor: an O_DIRECTO
 client opened for the container's process. The service reaches that process through it (server.check_pid_fd),
 not through the state's pid, which means that process only in the runtime's PID namespace (and a pid reused
 meanwhile would name another one).
+
+A `cdi-hook` request may send its header before it has the state ("later": true, "state": 0, no fd): the state
+follows as `u32 state_len | state` (read_late_state) once the runtime wrote it. runc runs a createContainer
+hook from `runc init`, whose Go runtime (one P) writes the hook's stdin only after its scheduler takes the P back
+from the goroutine waiting on the hook (measured 1-5 ms idle under podman); meanwhile the service has parsed
+the arguments and handed the connection to the child, which has joined the client's namespace and waits for the
+state there. Nothing is done before the state is whole, so a client whose state could not be delivered (the
+peer gone: EPIPE, and no answer) may still run the call in-process.
 
 The answer is binary so the C side parses nothing but two integers; the header is JSON so the Python side needs
 no parser of its own; it is written here with `_json`'s string encoder, so a client imports neither `json` nor
@@ -56,6 +64,7 @@ SERVED_ENV = ("PATH", "CUDA_MPS_PIPE_DIRECTORY")  # what a served command reads 
 # spec names when none is beside the interpreter: discover/executables.py; discover/scan.py): the client's are used
 DECLINED = 256  # "not taken: run it in-process" (no exit status is this large)
 REQUEST_TIMEOUT_S = 1.0  # a client has this long to send its whole request (the native entry sends at once)
+LATE_STATE_TIMEOUT_S = 4.0  # a late state waits on the runtime, in the child: below the entry's 5 s answer timeout
 _U32 = Struct(">I")
 
 
@@ -66,12 +75,14 @@ class ProtocolError(GpuhookError):
 class Request:
     """One decoded request: the hook's argv, the client's GPUHOOK_CONFIG, the OCI state, the /proc/<pid> fd."""
 
-    __slots__ = ("argv", "config_env", "state", "pid_fd", "cwd", "exe", "env")
+    __slots__ = ("argv", "config_env", "state", "pid_fd", "cwd", "exe", "env", "later")
 
     def __init__(self, argv: list[str], config_env: str | None, state: bytes, pid_fd: int | None,
-                 cwd: str | None = None, exe: str | None = None, env: list[str] | None = None) -> None:
+                 cwd: str | None = None, exe: str | None = None, env: list[str] | None = None,
+                 later: bool = False) -> None:
         self.argv, self.config_env, self.state, self.pid_fd = argv, config_env, state, pid_fd
         self.cwd, self.exe, self.env = cwd, exe, env
+        self.later = later  # the state follows the header (read_late_state); `state` is empty until then
 
 
 def served_env(environ: dict[str, str] | os._Environ[str]) -> list[str]:
@@ -92,11 +103,15 @@ def _json_value(value: str | bool | int | list[str] | None) -> str:
 
 
 def encode_request(argv: list[str], state: bytes, config_env: str | None = None, pid_fd: bool = False,
-                   cwd: str | None = None, exe: str | None = None, env: list[str] | None = None) -> bytes:
-    """The request bytes (what entry.c writes); the fd itself goes alongside with send_fds."""
+                   cwd: str | None = None, exe: str | None = None, env: list[str] | None = None,
+                   later: bool = False) -> bytes:
+    """The request bytes (what entry.c writes); the fd itself goes alongside with send_fds. `later`: the header
+    alone, its state to follow (encode_late_state)."""
     fields = {"v": VERSION, "argv": list(argv), "state": len(state), "config_env": config_env, "pid_fd": pid_fd}
     if cwd is not None:
         fields.update(cwd=cwd, exe=exe, env=env or [])
+    if later:
+        fields["later"] = True
     header = ("{" + ", ".join(f"{_quote(k)}: {_json_value(v)}" for k, v in fields.items()) + "}").encode()
     return _U32.pack(len(header)) + header + state
 
@@ -128,7 +143,13 @@ def decode_answer(data: bytes, with_output: bool = False) -> tuple[int, str, byt
     return code, data[8:end].decode(errors="replace"), output
 
 
-def _parse_header(raw: bytes) -> tuple[list[str], str | None, int, bool, str | None, str | None, list[str] | None]:
+def encode_late_state(state: bytes) -> bytes:
+    """The part a `later` request sends once it has its state."""
+    return _U32.pack(len(state)) + state
+
+
+def _parse_header(raw: bytes) -> tuple[list[str], str | None, int, bool, str | None, str | None, list[str] | None,
+                                       bool]:
     import json
 
     try:
@@ -150,7 +171,10 @@ def _parse_header(raw: bytes) -> tuple[list[str], str | None, int, bool, str | N
         raise ProtocolError("request cwd or exe is not a string")
     if env is not None and (not isinstance(env, list) or not all(isinstance(e, str) for e in env)):
         raise ProtocolError("request env is not a list of strings")
-    return argv, config_env, size, header.get("pid_fd") is True, cwd, exe, env
+    later = header.get("later", False)
+    if later is not False and (later is not True or size or header.get("pid_fd") is True):
+        raise ProtocolError("a request whose state follows has no state or descriptor in its header")
+    return argv, config_env, size, header.get("pid_fd") is True, cwd, exe, env, later
 
 
 class _Reader:
@@ -192,7 +216,7 @@ def read_request(conn: socket.socket, timeout: float = REQUEST_TIMEOUT_S) -> Req
         size = _U32.unpack(reader.read(4))[0]
         if size > MAX_HEADER:
             raise ProtocolError(f"request header of {size} bytes is over {MAX_HEADER}")
-        argv, config_env, state_size, has_fd, cwd, exe, env = _parse_header(reader.read(size))
+        argv, config_env, state_size, has_fd, cwd, exe, env, later = _parse_header(reader.read(size))
         state = reader.read(state_size)  # exact reads: anything a client sends after the state is never read
     except BaseException:
         for fd in reader.fds:
@@ -201,13 +225,28 @@ def read_request(conn: socket.socket, timeout: float = REQUEST_TIMEOUT_S) -> Req
     pid_fd = reader.fds.pop(0) if reader.fds and has_fd else None
     for fd in reader.fds:  # one fd is the format, and only when the header says so; any other is closed unused
         os.close(fd)
-    return Request(argv, config_env, state, pid_fd, cwd, exe, env)
+    return Request(argv, config_env, state, pid_fd, cwd, exe, env, later)
+
+
+def read_late_state(conn: socket.socket, timeout: float = LATE_STATE_TIMEOUT_S) -> bytes:
+    """A `later` request's state (encode_late_state's part) within `timeout` seconds; ProtocolError else. A
+    descriptor sent with it is closed: the format has none."""
+    reader = _Reader(conn, timeout)
+    try:
+        size = _U32.unpack(reader.read(4))[0]
+        if size > MAX_STATE:
+            raise ProtocolError(f"request state size {size} is outside 0..{MAX_STATE}")
+        return reader.read(size)
+    finally:
+        for fd in reader.fds:
+            os.close(fd)
 
 
 def send_request(sock: socket.socket, argv: list[str], state: bytes, config_env: str | None = None,
-                 pid_fd: int | None = None) -> None:
-    """What the native entry does, for tests and Python clients: the request, the fd on its first message."""
-    data = encode_request(argv, state, config_env, pid_fd is not None)
+                 pid_fd: int | None = None, later: bool = False) -> None:
+    """What the native entry does, for tests and Python clients: the request, the fd on its first message
+    (`later`: the header alone; then sock.sendall(encode_late_state(state)))."""
+    data = encode_request(argv, b"" if later else state, config_env, pid_fd is not None, later=later)
     if pid_fd is not None:
         import socket
 

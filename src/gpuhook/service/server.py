@@ -465,7 +465,8 @@ class Service:
             return False
         pid, sock = self.spare
         message = self._handed((decided is None, request.argv, request.config_env, request.state, start,
-                                request.pid_fd is not None, client_ns is not None, decided, cdi), decided)
+                                request.pid_fd is not None, client_ns is not None, decided, cdi, request.later),
+                               decided)
         fds = [conn.fileno()] + [fd for fd in (request.pid_fd, client_ns) if fd is not None]
         sent = False
         if len(message) <= SPARE_MESSAGE:
@@ -513,21 +514,24 @@ class Service:
         if not message or not fds:
             os._exit(0)
 
+        conn = socket.socket(fileno=fds[0])
+
         def start_handed_over() -> tuple[int, str]:
-            whole, argv, config_env, state, start, with_pid_fd, with_ns, decided, cdi = self._unpickled(message)
+            whole, argv, config_env, state, start, with_pid_fd, with_ns, decided, cdi, later = \
+                self._unpickled(message)
             if len(fds) != 1 + with_pid_fd + with_ns:  # never a start in a namespace other than the client's
                 raise ServiceError(f"the spare got {len(fds)} descriptors for a start that has "
                                    f"{1 + with_pid_fd + with_ns}")
             pid_fd = fds[1] if with_pid_fd else None
-            request = protocol.Request(argv, config_env, state, pid_fd)
+            request = protocol.Request(argv, config_env, state, pid_fd, later=later)
             vet = vetter(pid_fd)
             if whole:
-                return self._whole_call(request, fds[-1] if with_ns else None, start, vet, cdi)
+                return self._whole_call(conn, request, fds[-1] if with_ns else None, start, vet, cdi)
             config_path = prestart.config_path_for(argv, config_env)
             return prestart.handle(config_path, lambda: state, start, load=self.load, before_inject=vet,
                                    decided=decided)
 
-        self._finish_in_child(socket.socket(fileno=fds[0]), start_handed_over)
+        self._finish_in_child(conn, start_handed_over)
 
     def _finish_in_child(self, conn: socket.socket, call: Callable[[], tuple[int, str]]) -> NoReturn:
         """In a child: run `call` (one whole start: its exit status and line), answer it on `conn` and exit with
@@ -559,6 +563,9 @@ class Service:
             self._answer(conn, 1, f"gpuhook-hook: service: {render(exc)}")
             return
         except OSError:
+            return
+        if request.later and request.argv[:1] != ["cdi-hook"]:  # only a CDI hook's child can wait for its state
+            self._answer(conn, 1, "gpuhook-hook: service: refused: only a cdi-hook request's state may follow it")
             return
         if request.argv[:1] and request.argv[0] in protocol.OUTPUT_COMMANDS:
             if request.pid_fd is not None:
@@ -644,24 +651,27 @@ class Service:
                 pid = -1
                 self._answer(conn, 1, f"gpuhook-hook: service: {render(exc)}")
             if pid == 0:
-                self._finish_in_child(conn, lambda: self._whole_call(request, client_ns, start, vet, cdi))
+                self._finish_in_child(conn, lambda: self._whole_call(conn, request, client_ns, start, vet, cdi))
         if client_ns is not None:  # the parent: the descriptors are the child's (or the spare's) alone
             os.close(client_ns)
         if request.pid_fd is not None:
             os.close(request.pid_fd)
 
     @staticmethod
-    def _whole_call(request: protocol.Request, client_ns: int | None, start: float,
+    def _whole_call(conn: socket.socket, request: protocol.Request, client_ns: int | None, start: float,
                     vet: Callable[[Decided], int | None], cdi: HookArgs | None) -> tuple[int, str]:
         """In a child: a client in another mount namespace (a runtime with its own /sys/fs/cgroup or /proc; a CDI
         createContainer hook, which runs in the container's) is joined first, so its config file, its cgroup
         mounts, its /proc and so the PID namespace the state's pid is in are what the start uses; nothing of the
-        service's warm config or plans is."""
+        service's warm config or plans is. A request whose state follows (protocol's `later`) gets it from `conn`
+        then, when everything that does not need it is done."""
         if client_ns is not None:
             from gpuhook import _native
 
             _native.setns(client_ns, _native.CLONE_NEWNS)
             os.close(client_ns)
+        if request.later:
+            request.state = protocol.read_late_state(conn)
         if cdi is not None:  # as `gpuhook cdi-hook …` in-process (cli/entry.run_lean): errors.outcome
             from gpuhook.errors import outcome
             from gpuhook.inject.containerhooks import run_hook
