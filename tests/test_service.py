@@ -16,7 +16,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -896,64 +896,51 @@ def _dead_process_start(service: Any, root_tmp: Path, cid: str) -> tuple[int, st
     return _child_answer(service, ["--config", str(root_tmp / "config.toml")], body)
 
 
-def _child_answer(service: Any, argv: list[str], body: bytes) -> tuple[int, str, list[int]]:
-    """A request the service gives to a child (the spare or one forked for it): the answer, and that child."""
+def _child_answer(service: Any, argv: list[str], body: bytes,
+                  before_state: Callable[[], None] | None = None) -> tuple[int, str, list[int]]:
+    """A request the service gives to a child (the spare or one forked for it): the answer, and that child. With
+    `before_state`, the header goes alone (protocol's `later`): serve_one must return without the state, and
+    before_state() runs before the state follows."""
     client, server = _pair()
     with client, server:
-        protocol.send_request(client, argv, body)
+        protocol.send_request(client, argv, b"" if before_state else body, later=before_state is not None)
         service.serve_one(server)
         server.close()
         took = list(service.children)
         assert took
+        if before_state is not None:
+            before_state()
+            client.sendall(protocol.encode_late_state(body))
         while set(took) & set(service.children):  # the child answers and ends; reaped, its connection's last
             service.reap(block=True)  # copy here is closed (a dead spare may be reaped first)
         code, line, _ = protocol.recv_answer(client)
         return code, line, took
 
 
-def test_a_cdi_hook_is_handed_to_the_spare_whole(in_process: Any, root_tmp: Path) -> None:
+@pytest.mark.parametrize("later", [False, True], ids=["state-with-header", "state-later"])
+def test_a_cdi_hook_is_handed_to_the_spare_whole(in_process: Any, root_tmp: Path, later: bool) -> None:
     """A CDI createContainer hook (a call run whole in a child, _serve_in_child) goes to a waiting spare too: no
     fork at that moment, the spare makes the link in the container's rootfs and answers; without a spare, a child
-    forked for it does the same."""
+    forked for it does the same. With its state after its header (`later`), the service hands the connection on
+    at once (its accept loop never waits on a runtime) and the child does nothing before the state is whole."""
     bundle = plain_bundle(root_tmp, [])
     rootfs = bundle / "rootfs"
     in_process._fork_spare()
     spare_pid = in_process.spare[0]
     answers = []
     for n in (1, 2):
+        link = rootfs / f"opt/libmarker{n}.so"
+
+        def nothing_yet(link: Path = link) -> None:
+            time.sleep(0.2)
+            assert not link.is_symlink()
+
         args = ["cdi-hook", "create-symlinks", "--link", f"libmarker.so.{n}::/opt/libmarker{n}.so"]
-        answers.append(_child_answer(in_process, args, state(bundle, cid=f"cdi{n}", pid=os.getpid())))
+        answers.append(_child_answer(in_process, args, state(bundle, cid=f"cdi{n}", pid=os.getpid()),
+                                     nothing_yet if later else None))
     assert answers[0] == (0, "", [spare_pid]) and Forks.count == 2  # the spare, then one fork for the second
     assert answers[1][:2] == (0, "") and answers[1][2] != [spare_pid]
     assert [os.readlink(rootfs / f"opt/libmarker{n}.so") for n in (1, 2)] == ["libmarker.so.1", "libmarker.so.2"]
-
-
-def test_a_cdi_hooks_late_state_is_waited_for_by_its_child_not_the_service(in_process: Any, root_tmp: Path) -> None:
-    """A createContainer hook whose state follows its header: the service parses the arguments and hands the
-    connection on at once (serve_one returns with no state sent; the accept loop never waits on a runtime), and
-    the child does nothing before the state is whole, then makes the link and answers. With a spare and without."""
-    bundle = plain_bundle(root_tmp, [])
-    rootfs = bundle / "rootfs"
-    in_process._fork_spare()
-    spare_pid = in_process.spare[0]
-    took = []
-    for n in (1, 2):
-        client, server = _pair()
-        with client, server:
-            args = ["cdi-hook", "create-symlinks", "--link", f"libmarker.so.{n}::/opt/late{n}.so"]
-            protocol.send_request(client, args, b"", later=True)
-            in_process.serve_one(server)  # returns: the request is a child's now
-            server.close()
-            took.append(list(in_process.children))
-            time.sleep(0.2)
-            assert not (rootfs / f"opt/late{n}.so").is_symlink()  # nothing before the state
-            client.sendall(protocol.encode_late_state(state(bundle, cid=f"late{n}", pid=os.getpid())))
-            while set(took[-1]) & set(in_process.children):  # its end, then the service's copy of the connection
-                in_process.reap(block=True)
-            code, line, _ = protocol.recv_answer(client)
-        assert (code, line) == (0, "")
-        assert os.readlink(rootfs / f"opt/late{n}.so") == f"libmarker.so.{n}"
-    assert took[0] == [spare_pid] and took[1] != [spare_pid] and Forks.count == 2
 
 
 def test_only_a_cdi_hook_may_send_its_state_later(in_process: Any, root_tmp: Path) -> None:
