@@ -54,6 +54,7 @@ from _containers import (
     podman_run,
     start_service,
 )
+from support.service import spec_with_hook_env
 
 TARGET = 25.0  # issue 14, the lean entry
 SERVICE_TARGET, HOOK_TARGET = 30.0, 6.0  # issue 21, through the service
@@ -84,8 +85,8 @@ def bench(args: argparse.Namespace) -> None:
         native_spec = generate(fake.root, native, work / "native.yaml")
         specs = {
             "lean": generate(fake.root, lean, work / "lean.yaml"),
-            "service": with_hook_env(native_spec, sock),
-            "fallback": with_hook_env(native_spec, work / "none" / "s.sock"),
+            "service": spec_with_hook_env(native_spec, {"GPUHOOK_SERVICE_SOCKET": str(sock)}),
+            "fallback": spec_with_hook_env(native_spec, {"GPUHOOK_SERVICE_SOCKET": str(work / "none" / "s.sock")}),
             "console": generate(fake.root, gpuhook_command()[0], work / "console.yaml"),
         }
         stripped = yaml.safe_load(specs["lean"])
@@ -169,15 +170,6 @@ def alone_case(work: Path, template: Path, name: str, argv: list[str], env: dict
         return ms
 
     return run
-
-
-def with_hook_env(spec: str, sock: Path) -> str:
-    """The spec with GPUHOOK_SERVICE_SOCKET=`sock` in its hooks' environment (a service on the default socket
-    needs none)."""
-    data = yaml.safe_load(spec)
-    for hook in data["containerEdits"].get("hooks", []):
-        hook["env"] = [*hook.get("env", []), f"GPUHOOK_SERVICE_SOCKET={sock}"]
-    return yaml.safe_dump(data, sort_keys=False)
 
 
 def check_hooks_ran(rootfs: Path) -> None:

@@ -309,10 +309,8 @@ def podman_with_spec(directory: Path, fake: Any) -> Any:
     through the installed `gpuhook` (what the hostile-image runs start containers with); in the suite's service
     mode through the native entry (hook_binary()) with the session's socket in the hooks' environment, so the
     createContainer hook goes to the service (its state sent after its header) or to the entry's fallback."""
-    import yaml
-
     from .podman import Podman, need_podman
-    from .service import service_env
+    from .service import service_env, spec_with_hook_env
 
     podman = need_podman()
     need_busybox()
@@ -323,8 +321,5 @@ def podman_with_spec(directory: Path, fake: Any) -> Any:
                     str(fake.root / "proc"), "--hook-path", hook_binary() if served else gpuhook_binary(),
                     "--output", str(spec)], check=True, capture_output=True, text=True)
     if served:
-        data = yaml.safe_load(spec.read_text())
-        for hook in data["containerEdits"]["hooks"]:
-            hook["env"] = [*hook.get("env", []), *(f"{k}={v}" for k, v in served.items())]
-        spec.write_text(yaml.safe_dump(data, sort_keys=False))
+        spec.write_text(spec_with_hook_env(spec.read_text(), served))
     return world

@@ -69,6 +69,17 @@ def start(sock: Path, config: Path | None, log: Path, command: list[str] | None 
     return Running(proc, sock, log)
 
 
+def spec_with_hook_env(spec: str, env: dict[str, str]) -> str:
+    """A CDI spec's YAML with `env` (NAME -> value) added to its hooks' environment: the socket a native entry
+    is pointed at (GPUHOOK_SERVICE_SOCKET; a service on the default socket needs none)."""
+    import yaml
+
+    data = yaml.safe_load(spec)
+    for hook in data["containerEdits"].get("hooks", []):
+        hook["env"] = [*hook.get("env", []), *(f"{k}={v}" for k, v in env.items())]
+    return yaml.safe_dump(data, sort_keys=False)
+
+
 def no_fallback(entry: Path, marker: Path) -> None:
     """Replace the native entry's Python fallback (`entry`.py) with one that only leaves a mark and fails the
     start: where a service must answer, any fallback shows. Its #! line is the installed one's (this interpreter),

@@ -289,16 +289,17 @@ static int connect_service(const struct call *c) {
     exit(1);
 }
 
-/* The header's framing and the state after it, in one buffer: u32 length (big-endian) | header | state. */
-static char *frame(const struct buf *h, const char *state, size_t len, size_t *total) {
-    *total = 4 + h->n + len;
+/* One buffer: u32 n (big-endian) | first[0..n) | rest[0..len): a request (the header, then the state) or a late
+ * state (the state alone: protocol.encode_late_state). */
+static char *frame(const char *first, size_t n, const char *rest, size_t len, size_t *total) {
+    *total = 4 + n + len;
     char *msg = malloc(*total);
     if (!msg) fail("out of memory", NULL);
-    uint32_t hl = (uint32_t)h->n;
+    uint32_t hl = (uint32_t)n;
     unsigned char be[4] = {hl >> 24, hl >> 16, hl >> 8, hl};
     memcpy(msg, be, 4);
-    memcpy(msg + 4, h->p, h->n);
-    if (len) memcpy(msg + 4 + h->n, state, len);
+    if (n) memcpy(msg + 4, first, n);
+    if (len) memcpy(msg + 4 + n, rest, len);
     return msg;
 }
 
@@ -422,7 +423,7 @@ static int command(int argc, char **argv) {
     if (s < 0) fallback(argv, NULL, 0, 0);
     c.deadline = now_ms() + c.ms;
     size_t total, got;
-    char *msg = frame(&h, NULL, 0, &total);
+    char *msg = frame(h.p, h.n, NULL, 0, &total);
     send_request(s, msg, total, -1, &c);
     unsigned char *ans = recv_answer(s, 12 + MAX_ANSWER + MAX_OUTPUT, &got, &c);
     close(s);
@@ -502,7 +503,7 @@ static int cdi_hook(int argc, char **argv) {
     put_str(&h, ", \"pid_fd\": false, \"later\": true}");
     if (h.over) fail("arguments are too long for the service", NULL);
     size_t total;
-    char *msg = frame(&h, NULL, 0, &total);
+    char *msg = frame(h.p, h.n, NULL, 0, &total);
     c.deadline = now_ms() + c.ms;
     int undelivered = send_request(s, msg, total, -1, &c);
     char *state = read_state(&len, &over);
@@ -510,13 +511,9 @@ static int cdi_hook(int argc, char **argv) {
         close(s);
         fallback(argv, state, len, 1);
     }
-    char *part = malloc(4 + len);
-    if (!part) fail("out of memory", NULL);
-    unsigned char be[4] = {len >> 24, len >> 16, len >> 8, len};
-    memcpy(part, be, 4);
-    if (len) memcpy(part + 4, state, len);
+    char *part = frame(state, len, NULL, 0, &total);
     c.deadline = now_ms() + c.ms;  /* from here: the wait for stdin was the runtime's, not the service's */
-    undelivered |= send_request(s, part, 4 + len, -1, &c);
+    undelivered |= send_request(s, part, total, -1, &c);
     return hook_answer(s, &c, argv, state, len, undelivered);
 }
 
@@ -548,6 +545,6 @@ int main(int argc, char **argv) {
     put_str(&h, pid_fd >= 0 ? ", \"pid_fd\": true}" : ", \"pid_fd\": false}");
     if (h.over) fail("arguments are too long for the service", NULL);
     size_t total;
-    char *msg = frame(&h, state, len, &total);
+    char *msg = frame(h.p, h.n, state, len, &total);
     return hook_answer(s, &c, argv, state, len, send_request(s, msg, total, pid_fd, &c));
 }

@@ -73,7 +73,8 @@ class ProtocolError(GpuhookError):
 
 
 class Request:
-    """One decoded request: the hook's argv, the client's GPUHOOK_CONFIG, the OCI state, the /proc/<pid> fd."""
+    """One decoded request: the hook's argv, the client's GPUHOOK_CONFIG, the OCI state (or `later`: it follows),
+    the /proc/<pid> fd."""
 
     __slots__ = ("argv", "config_env", "state", "pid_fd", "cwd", "exe", "env", "later")
 
@@ -106,7 +107,9 @@ def encode_request(argv: list[str], state: bytes, config_env: str | None = None,
                    cwd: str | None = None, exe: str | None = None, env: list[str] | None = None,
                    later: bool = False) -> bytes:
     """The request bytes (what entry.c writes); the fd itself goes alongside with send_fds. `later`: the header
-    alone, its state to follow (encode_late_state)."""
+    alone (`state` empty), its state to follow (encode_late_state)."""
+    if later and state:
+        raise ValueError("a request whose state follows carries none in its header")
     fields = {"v": VERSION, "argv": list(argv), "state": len(state), "config_env": config_env, "pid_fd": pid_fd}
     if cwd is not None:
         fields.update(cwd=cwd, exe=exe, env=env or [])
@@ -164,8 +167,7 @@ def _parse_header(raw: bytes) -> tuple[list[str], str | None, int, bool, str | N
         raise ProtocolError("request argv is not a list of strings")
     if config_env is not None and not isinstance(config_env, str):
         raise ProtocolError("request config_env is not a string")
-    if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= MAX_STATE:
-        raise ProtocolError(f"request state size {clip(str(size), quote=False)} is outside 0..{MAX_STATE}")
+    _check_state_size(size)
     cwd, exe, env = header.get("cwd"), header.get("exe"), header.get("env")
     if not all(v is None or isinstance(v, str) for v in (cwd, exe)):
         raise ProtocolError("request cwd or exe is not a string")
@@ -175,6 +177,12 @@ def _parse_header(raw: bytes) -> tuple[list[str], str | None, int, bool, str | N
     if later is not False and (later is not True or size or header.get("pid_fd") is True):
         raise ProtocolError("a request whose state follows has no state or descriptor in its header")
     return argv, config_env, size, header.get("pid_fd") is True, cwd, exe, env, later
+
+
+def _check_state_size(size: object) -> None:
+    """A state length, in a header or before a late state: an int within 0..MAX_STATE."""
+    if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= MAX_STATE:
+        raise ProtocolError(f"request state size {clip(str(size), quote=False)} is outside 0..{MAX_STATE}")
 
 
 class _Reader:
@@ -234,8 +242,7 @@ def read_late_state(conn: socket.socket, timeout: float = LATE_STATE_TIMEOUT_S) 
     reader = _Reader(conn, timeout)
     try:
         size = _U32.unpack(reader.read(4))[0]
-        if size > MAX_STATE:
-            raise ProtocolError(f"request state size {size} is outside 0..{MAX_STATE}")
+        _check_state_size(size)
         return reader.read(size)
     finally:
         for fd in reader.fds:
@@ -245,8 +252,8 @@ def read_late_state(conn: socket.socket, timeout: float = LATE_STATE_TIMEOUT_S) 
 def send_request(sock: socket.socket, argv: list[str], state: bytes, config_env: str | None = None,
                  pid_fd: int | None = None, later: bool = False) -> None:
     """What the native entry does, for tests and Python clients: the request, the fd on its first message
-    (`later`: the header alone; then sock.sendall(encode_late_state(state)))."""
-    data = encode_request(argv, b"" if later else state, config_env, pid_fd is not None, later=later)
+    (`later`: the header alone, `state` empty; then sock.sendall(encode_late_state(the state)))."""
+    data = encode_request(argv, state, config_env, pid_fd is not None, later=later)
     if pid_fd is not None:
         import socket
 
