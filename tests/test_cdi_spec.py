@@ -8,13 +8,16 @@ from typing import Any
 import pytest
 import yaml
 from support.cdi_inventory import gpu_uuid, mig_uuid, synthetic_inventory
+from support.inv import sample_inventory
 
 from gpuhook.cdi import codec, names, version
 from gpuhook.cdi.errors import CdiError, InvalidName
 from gpuhook.cdi.spec import COMMON_ENV, HOOK_ENV, build_spec, default_devices, device_names
 from gpuhook.cdi.validate import validate_spec
-from gpuhook.model.edits import ALL_CAPABILITIES, common_edits, device_edits
+from gpuhook.model.edits import CDI_CAPABILITIES, common_edits, device_edits, plan
 from gpuhook.model.inventory import Gpu
+from gpuhook.model.request import parse_request
+from gpuhook.model.selection import resolve
 
 HOOK = "/opt/gpuhook/bin/gpuhook"
 
@@ -156,7 +159,7 @@ def test_device_edits_come_from_the_planning_model() -> None:
     inv = synthetic_inventory(3, mig_per_gpu=0)
     devices = by_name(spec_for(inv))
     for gpu in inv.gpus:
-        assert node_paths(devices[str(gpu.index)]) == [n.path for n in device_edits(inv, gpu, ALL_CAPABILITIES)
+        assert node_paths(devices[str(gpu.index)]) == [n.path for n in device_edits(inv, gpu, CDI_CAPABILITIES)
                                                       .device_nodes]
     node = devices["0"]["deviceNodes"][0]
     assert node == {"path": "/dev/nvidia0", "hostPath": "/host/dev/nvidia0", "type": "c", "major": 195,
@@ -177,7 +180,7 @@ def test_all_is_the_union() -> None:
 def test_common_edits_come_from_the_planning_model() -> None:
     inv = synthetic_inventory(1)
     spec = spec_for(inv)
-    common = common_edits(inv, ALL_CAPABILITIES)
+    common = common_edits(inv, CDI_CAPABILITIES)
     edits = spec["containerEdits"]
     assert edits["env"] == list(COMMON_ENV)
     assert node_paths(edits) == [n.path for n in common.device_nodes]
@@ -194,7 +197,7 @@ def test_common_edits_come_from_the_planning_model() -> None:
 
 def test_hooks() -> None:
     inv = synthetic_inventory(1)
-    common = common_edits(inv, ALL_CAPABILITIES)
+    common = common_edits(inv, CDI_CAPABILITIES)
     hooks = spec_for(inv)["containerEdits"]["hooks"]
     assert [h["hookName"] for h in hooks] == ["createContainer"]  # one process per start for links + ld cache
     (hook,) = hooks
@@ -206,13 +209,28 @@ def test_hooks() -> None:
     assert "libcuda.so.550.54.15::/usr/lib/x86_64-linux-gnu/libcuda.so.1" in args
     assert "libcuda.so.1::/usr/lib/x86_64-linux-gnu/libcuda.so" in args
     # every GPU's /dev/dri/by-path links, made only where the runtime gave the node: no hook per device
-    dri = device_edits(inv, inv.gpus[0], ALL_CAPABILITIES).symlinks
+    dri = device_edits(inv, inv.gpus[0], CDI_CAPABILITIES).symlinks
     assert dri and args[3 + 2 * n : 3 + 2 * (n + len(dri))] == [
         x for s in dri for x in ("--link-if-present", f"{s.target}::{s.link}")]
     assert args[3 + 2 * (n + len(dri)) :] == ["--folder", "/usr/lib/x86_64-linux-gnu", "--folder",
                                               "/usr/lib/x86_64-linux-gnu/vdpau", "--host-driver-version",
                                               "550.54.15"]  # for the image's CUDA compat libcuda
     assert hook["env"] == list(HOOK_ENV)  # never inherit the runtime's environment
+
+
+def test_no_32bit_library_in_a_spec() -> None:
+    """nvidia-ctk v1.20.0 finds the driver's libraries through 64-bit search paths and the ld cache's 64-bit
+    entries only (pkg/lookup/library.go NewLibraryLocator; pkg/lookup/ldcache.go newLdcacheLocator keeps
+    `libs64` of `cache.List()`), so its spec holds no 32-bit library: neither mount, link, nor ld cache folder.
+    The hook, for NVIDIA_DRIVER_CAPABILITIES=all (compat32 included), still gives them, as libnvidia-container."""
+    inv = sample_inventory(gpus=2, mig_on=None)
+    lib32 = next(f for f in inv.files if f.kind == "lib32")
+    text = codec.dumps(spec_for(inv))
+    assert "i386" not in text
+    assert "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15" in text  # its 64-bit twin is there
+    hooked = plan(inv, resolve(inv, parse_request(["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=all"])))
+    assert lib32.path in {m.container_path for m in hooked.mounts}
+    assert "/usr/lib/i386-linux-gnu" in hooked.ld_dirs
 
 
 def test_one_container_hook_per_start_whatever_the_devices() -> None:

@@ -205,13 +205,30 @@ def assert_same(views: dict[str, dict[str, Any]]) -> None:
             assert seen[key] == reference[key], f"{key}: {door} differs from {first}"
 
 
+def without_32bit(seen: dict[str, Any]) -> dict[str, Any]:
+    """The view less what `compat32` adds (the 32-bit libraries, their links, cache entries and folder): a CDI
+    spec holds none, as nvidia-ctk's (v1.20.0 pkg/lookup/ldcache.go: only the cache's 64-bit entries), while the
+    hook and the shim give them for NVIDIA_DRIVER_CAPABILITIES=all, as libnvidia-container does."""
+    lib32 = LIB_DIRS[1] + "/"
+    conf = seen["ldconf"]
+    folders = conf if conf is None else "".join(f"{d}\n" for d in conf.split() if not (d + "/").startswith(lib32))
+    return {**seen,
+            "mounts": {k: v for k, v in seen["mounts"].items() if not k.startswith(lib32)},
+            "hashes": {k: v for k, v in seen["hashes"].items() if not k.startswith(lib32)},
+            "links": [line for line in seen["links"] if not line.startswith(lib32)],
+            "ldcache": [e for e in seen["ldcache"] if not e[1].startswith(lib32)],
+            "ldconf": folders}
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_front_doors_agree(world: Podman, fake: FakeDriver, tmp_path: Path, case: Case) -> None:
     views = {"hook": through_hook(tmp_path, fake, case), "shim": through_shim(tmp_path, fake, case)}
-    if case.cdi is not None:
-        views["cdi"] = through_cdi(tmp_path, world, case)
     assert_same(views)
     seen = views["hook"]
+    if case.cdi is not None:
+        assert_same({"hook less compat32": without_32bit(seen), "cdi": through_cdi(tmp_path, world, case)})
+        if fake.compat32 and case.capabilities == "all":  # the hook's 32-bit part exists, so the CDI door lacks it
+            assert any(path.startswith(LIB_DIRS[1] + "/") for path in seen["mounts"])
     # and the view is not trivially empty: the request's nodes, libraries, links and cache are there
     nodes = {line.split()[0] for line in seen["nodes"]}
     assert "/dev/nvidiactl" in nodes

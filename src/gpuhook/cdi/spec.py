@@ -1,7 +1,8 @@
 """Inventory -> CDI spec (a plain dict in the order it is written out).
 
 The content comes only from the planning model: each device's edits are `edits.device_edits(...)` and the
-spec-wide edits are `edits.common_edits(...)`, both for every capability (CDI has no capability gating).
+spec-wide edits are `edits.common_edits(...)`, both for CDI_CAPABILITIES: every capability but compat32 (CDI has no
+capability gating; nvidia-ctk's spec holds no 32-bit library).
 The spec claims the lowest cdiVersion that covers what it uses (see `version`).
 """
 
@@ -14,7 +15,7 @@ from gpuhook.cdi.errors import CdiError
 from gpuhook.cdi.names import DEFAULT_NAME_STRATEGIES, NAME_STRATEGIES
 from gpuhook.model.contract import HOOK_PATH, VISIBLE_DEVICES
 from gpuhook.model.edits import (
-    ALL_CAPABILITIES,
+    CDI_CAPABILITIES,
     ContainerEdits,
     Mount,
     Symlink,
@@ -170,7 +171,7 @@ def build_spec(
         gap = inv.device_gap(device)
         if gap:
             raise CdiError(f"{gap} (are the driver's /dev/nvidia* nodes created?)")  # the gap names the device
-        full = device_edits(inv, device, ALL_CAPABILITIES)
+        full = device_edits(inv, device, CDI_CAPABILITIES)
         present_links += [Symlink(s.target, s.link, if_target_exists=True) for s in full.symlinks]
         edits = _device_only(full)
         per_device.append(edits)
@@ -184,7 +185,7 @@ def build_spec(
             # rendered afresh for each name: a shared object would come out as a YAML alias
             spec_devices.append({"name": name, "containerEdits": render_edits(edits, hook_path)})
     spec_devices.append({"name": ALL_DEVICE, "containerEdits": render_edits(merge_all(per_device), hook_path)})
-    common = common_edits(inv, ALL_CAPABILITIES)
+    common = common_edits(inv, CDI_CAPABILITIES)
     common.symlinks += list({s.link: s for s in present_links}.values())
 
     spec: dict[str, Any] = {

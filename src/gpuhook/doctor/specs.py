@@ -20,7 +20,7 @@ from gpuhook.cdi.names import DEFAULT_NAME_STRATEGIES
 from gpuhook.cdi.registry import Registry, scan, spec_files
 from gpuhook.cdi.spec import ALL_DEVICE, default_devices
 from gpuhook.doctor.model import INFO, OK, PROBLEM, WARN, Finding
-from gpuhook.model.edits import ALL_CAPABILITIES, common_edits, device_edits, merge_all
+from gpuhook.model.edits import CDI_CAPABILITIES, common_edits, device_edits, merge_all
 from gpuhook.model.inventory import Gpu, Inventory, MigDevice
 from gpuhook.model.record import Record, field
 from gpuhook.model.request import CDI_KIND
@@ -119,7 +119,7 @@ def stale_reasons(spec: dict[str, Any], inv: Inventory) -> list[str]:
             continue
         named.add(_key(found))
         have = _nodes((dev.get("containerEdits") or {}).get("deviceNodes"))
-        want = _inv_nodes(device_edits(inv, found, ALL_CAPABILITIES).device_nodes)
+        want = _inv_nodes(device_edits(inv, found, CDI_CAPABILITIES).device_nodes)
         if have != want:
             reasons.append(f"device {name!r}: nodes {_fmt(have)} differ from the host's {_fmt(want)}")
     missing = [d for d in default_devices(inv) if _key(d) not in named]
@@ -127,12 +127,12 @@ def stale_reasons(spec: dict[str, Any], inv: Inventory) -> list[str]:
         reasons.append("does not name " + ", ".join(_describe(d) for d in missing))
     everything = next((d for d in spec.get("devices") or [] if d.get("name") == ALL_DEVICE), None)
     if everything is not None and not missing:
-        want = _inv_nodes(merge_all(device_edits(inv, d, ALL_CAPABILITIES) for d in default_devices(inv)).device_nodes)
+        want = _inv_nodes(merge_all(device_edits(inv, d, CDI_CAPABILITIES) for d in default_devices(inv)).device_nodes)
         have = _nodes((everything.get("containerEdits") or {}).get("deviceNodes"))
         if have != want:
             reasons.append(f"device 'all': nodes {_fmt(have)} differ from the host's {_fmt(want)}")
     common_have = _nodes((spec.get("containerEdits") or {}).get("deviceNodes"))
-    common_want = _inv_nodes(common_edits(inv, ALL_CAPABILITIES).device_nodes)
+    common_want = _inv_nodes(common_edits(inv, CDI_CAPABILITIES).device_nodes)
     if common_have != common_want:
         reasons.append(f"control nodes {_fmt(common_have)} differ from the host's {_fmt(common_want)}")
     return reasons

@@ -28,8 +28,13 @@ DRI_BY_PATH = "/dev/dri/by-path"
 # mount stops nothing a client does - connect() to a socket, opening a FIFO for writing - but stops a container
 # from removing, replacing or adding entries in the host's directory (README, security model).
 SOCKET_OPTIONS: tuple[str, ...] = ("ro", "nosuid", "nodev", "noexec", "rbind", "rprivate")
-# Everything, including the driver-version libraries the catalogue cannot classify (what CDI mounts).
+# Everything, including the driver-version libraries the catalogue cannot classify.
 ALL_CAPABILITIES = frozenset(catalogue.CAPABILITIES) | {catalogue.UNCLASSIFIED}
+# What a CDI spec carries: everything but the 32-bit libraries. nvidia-ctk (v1.20.0) finds the driver's
+# libraries in 64-bit search paths and the ld cache's 64-bit entries only (pkg/lookup/library.go
+# NewLibraryLocator; pkg/lookup/ldcache.go, `_, libs64 := cache.List()`), so its spec mounts, links and
+# registers no /usr/lib/i386-linux-gnu library; the hook still does for `compat32` (libnvidia-container).
+CDI_CAPABILITIES = ALL_CAPABILITIES - {"compat32"}
 
 
 class Mount(Record):
