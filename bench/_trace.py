@@ -14,8 +14,10 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+
+from _common import BenchError
 
 TRACEFS = (Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing"))
 EVENTS = ("sched/sched_process_exec", "sched/sched_process_exit")
@@ -75,6 +77,17 @@ class ExecTracer:
             self.path.rmdir()
 
 
+@contextlib.contextmanager
+def exec_tracer(name: str) -> Iterator[ExecTracer | None]:
+    """ExecTracer.open(name) for the with-block (None where there is no tracefs), closed after it."""
+    tracer = ExecTracer.open(name)
+    try:
+        yield tracer
+    finally:
+        if tracer is not None:
+            tracer.close()
+
+
 def exec_to_exit_ms(trace: str, program: str) -> float | None:
     """Milliseconds from the first exec of a file named `program` (its base name) in `trace` to that process's
     last exit event (a thread's exit is reported too; the process's own comes last); None if either is missing."""
@@ -85,3 +98,32 @@ def exec_to_exit_ms(trace: str, program: str) -> float | None:
         ends = [float(m.group(1)) for m in _EXIT.finditer(trace, match.end()) if m.group(2) == pid]
         return (ends[-1] - start) * 1000 if ends else None
     return None
+
+
+def traced_cases(tracer: ExecTracer | None, cases: Mapping[str, Callable[[int], float]],
+                 programs: Mapping[str, str], warmup: int,
+                 ) -> tuple[dict[str, Callable[[int], float]], dict[str, list[float]]]:
+    """`cases` (interleaved()'s), every one run under `tracer` (so that what tracing costs is in the baselines
+    too); each round from `warmup` on of a case named in `programs` also appends the exec-to-exit milliseconds of
+    its hook process (programs[name]: the base name of the file it execs) to the second result's list for that
+    case, so that the lists pair round by round as interleaved()'s samples do. Without a tracer the cases are
+    returned as they are and the lists stay empty."""
+    out: dict[str, list[float]] = {name: [] for name in programs}
+    if tracer is None:
+        return dict(cases), out
+
+    def wrap(name: str, run: Callable[[int], float]) -> Callable[[int], float]:
+        def start(round_: int) -> float:
+            ms, trace = tracer.record(lambda: run(round_))
+            if name not in programs:
+                return ms
+            hook_ms = exec_to_exit_ms(trace, programs[name])
+            if hook_ms is None:
+                raise BenchError(f"{name}: no exec and exit of {programs[name]} traced in this start")
+            if round_ >= warmup:
+                out[name].append(hook_ms)
+            return ms
+
+        return start
+
+    return {name: wrap(name, run) for name, run in cases.items()}, out

@@ -60,7 +60,7 @@ from _containers import (
     podman_run,
     start_service,
 )
-from _trace import ExecTracer, exec_to_exit_ms
+from _trace import exec_tracer, traced_cases
 from support.service import spec_with_hook_env
 
 TARGET = 25.0  # issue 14, the lean entry
@@ -111,22 +111,11 @@ def bench(args: argparse.Namespace) -> None:
         with Podman.create(work / "podman") as podman:
             spec_file = podman.spec_dir / "nvidia.yaml"
 
-            tracer = ExecTracer.open(f"gpuhook-bench-cdi-{os.getpid()}")
-            traced: dict[str, list[float]] = {name: [] for name in TRACED}
-
             def case(name: str, spec: str, devices: list[str]) -> Callable[[int], float]:
                 def start(round_: int) -> float:
                     spec_file.write_text(spec)
                     rootfs = fresh_rootfs(template, work / f"rootfs-{name}")
-                    if tracer is None or name not in TRACED:
-                        return podman_run(podman, rootfs, devices, ["true"])
-                    ms, trace = tracer.record(lambda: podman_run(podman, rootfs, devices, ["true"]))
-                    hook_ms = exec_to_exit_ms(trace, TRACED[name])
-                    if hook_ms is None:
-                        raise BenchError(f"{name}: no exec and exit of {TRACED[name]} traced in this start")
-                    if round_ >= WARMUP:
-                        traced[name].append(hook_ms)
-                    return ms
+                    return podman_run(podman, rootfs, devices, ["true"])
 
                 return start
 
@@ -139,12 +128,12 @@ def bench(args: argparse.Namespace) -> None:
                 alone[f"alone-{name}"] = alone_case(work, template, name, [hook["path"], *hook["args"][1:]], env)
             service = start_service(sock, None, work / "service.err")
             try:
-                samples = interleaved(cases, args.runs, warmup=WARMUP, seed=args.seed)
+                with exec_tracer(f"gpuhook-bench-cdi-{os.getpid()}") as tracer:
+                    cases, traced = traced_cases(tracer, cases, TRACED, WARMUP)
+                    samples = interleaved(cases, args.runs, warmup=WARMUP, seed=args.seed)
                 samples.update(interleaved(alone, args.runs, warmup=WARMUP, seed=args.seed))
             finally:
                 service.stop()
-                if tracer is not None:
-                    tracer.close()
             for name in ("lean", "service", "fallback"):
                 check_hooks_ran(work / f"rootfs-{name}")
 

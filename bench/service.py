@@ -5,7 +5,9 @@ entry at PATH.py. Cases, interleaved round by round on an 8-GPU simulated driver
 (a) no hook; for each request (no GPU, 1 GPU, 8 GPUs with NVIDIA_DRIVER_CAPABILITIES=all) the native entry with
 the service running ("service"), the native entry with nothing listening, so it execs PATH.py ("fallback"), and
 PATH.py run directly as before issue 21 ("python"). Overheads are per-round differences against (a); issue 21's
-targets (8, 10 and 2 ms through the service) are shown, never enforced.
+targets (8, 10 and 2 ms through the service) are shown, never enforced. As root, each hooked start's hook
+process is also timed from its exec to its exit by the kernel's events (_trace.py): what runc waited on it,
+without `runc run`'s own spread, which the paired rows carry.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from _containers import (
     start_service,
     write_hook_config,
 )
+from _trace import exec_tracer, traced_cases
 from hook import GPUS, LABELS, REQUESTS, check_log, runc_case
 
 TARGETS = {"b": 2.0, "c": 8.0, "d": 10.0}  # issue 21, through the service
@@ -75,9 +78,12 @@ def bench(args: argparse.Namespace) -> None:
             entry, entry_sock = paths[kind]
             alone[f"alone-{kind}"] = alone_case([str(entry), "--config", str(config), "prestart"], state,
                                                 {"GPUHOOK_SERVICE_SOCKET": str(entry_sock)})
+        programs = {name: (Path(paths[kind][0]).name) for name in cases for kind in KINDS if name.endswith(kind)}
         service = start_service(sock, config, work / "service.err")
         try:
-            samples = interleaved(cases, args.runs, warmup=1, seed=args.seed)
+            with exec_tracer(f"gpuhook-bench-service-{os.getpid()}") as tracer:
+                cases, traced = traced_cases(tracer, cases, programs, 1)
+                samples = interleaved(cases, args.runs, warmup=1, seed=args.seed)
             samples.update(interleaved(alone, args.runs * 3, warmup=2, seed=args.seed))
         finally:
             service.stop()
@@ -97,8 +103,14 @@ def bench(args: argparse.Namespace) -> None:
     alone_rows = [row(f"no GPU requested, the hook alone: {kind} - /bin/true", paired(samples, f"alone-{kind}", "true"),
                       TARGETS["b"] if kind == "service" else None) for kind in KINDS]
     print_table("the hook alone on a no-GPU state (paired per round, exec of /bin/true subtracted)", alone_rows)
-    write_json(args, {"gpus": GPUS, "entry": str(native), "rows": rows, "overhead": overhead, "alone": alone_rows},
-               load_before)
+    waited = [row(f"({name[0]}) {name[2:]}, {LABELS[name[0]]}: the hook process, exec to exit", traced[name],
+                  TARGETS[name[0]] if name.endswith("service") else None) for name in traced if traced[name]]
+    if waited:
+        print_table("what runc waited on the prestart hook, traced in the same starts", waited)
+    else:
+        print("\nno tracefs instance here (not root, or not mounted): the hook processes were not traced")
+    write_json(args, {"gpus": GPUS, "entry": str(native), "rows": rows, "overhead": overhead, "alone": alone_rows,
+                      "traced": waited}, load_before)
 
 
 def alone_case(argv: list[str], state: bytes, env: dict[str, str]) -> Callable[[int], float]:
