@@ -5,9 +5,10 @@ entry at PATH.py. Cases, interleaved round by round on an 8-GPU simulated driver
 (a) no hook; for each request (no GPU, 1 GPU, 8 GPUs with NVIDIA_DRIVER_CAPABILITIES=all) the native entry with
 the service running ("service"), the native entry with nothing listening, so it execs PATH.py ("fallback"), and
 PATH.py run directly as before issue 21 ("python"). Overheads are per-round differences against (a); issue 21's
-targets (8, 10 and 2 ms through the service) are shown, never enforced. As root, each hooked start's hook
-process is also timed from its exec to its exit by the kernel's events (_trace.py): what runc waited on it,
-without `runc run`'s own spread, which the paired rows carry.
+targets (8, 10 and 2 ms through the service) are shown, never enforced. Beside them, a start whose one prestart
+hook only reads its state (busybox `wc -c`, "noop"): what runc charges for running any hook. As root, each
+hooked start's hook process is also timed from its exec to its exit by the kernel's events (_trace.py): what
+runc waited on it, without `runc run`'s own spread, which the paired rows carry.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -37,7 +39,9 @@ from _containers import (
     fresh_rootfs,
     install_native_entry,
     make_bundle,
+    runc_run,
     start_service,
+    unique_id,
     write_hook_config,
 )
 from _trace import exec_tracer, traced_cases
@@ -64,7 +68,7 @@ def bench(args: argparse.Namespace) -> None:
             entry, entry_sock = hook if hook else (None, None)
             return runc_case(work, template, config, expected, name, env, entry and str(entry), entry_sock)
 
-        cases = {"a": case("a", [], None)}
+        cases = {"a": case("a", [], None), "noop": noop_case(work, template)}
         for kind in KINDS:
             for letter, (env, _) in REQUESTS.items():
                 cases[f"{letter}-{kind}"] = case(f"{letter}-{kind}", env, paths[kind])
@@ -78,7 +82,8 @@ def bench(args: argparse.Namespace) -> None:
             entry, entry_sock = paths[kind]
             alone[f"alone-{kind}"] = alone_case([str(entry), "--config", str(config), "prestart"], state,
                                                 {"GPUHOOK_SERVICE_SOCKET": str(entry_sock)})
-        programs = {name: (Path(paths[kind][0]).name) for name in cases for kind in KINDS if name.endswith(kind)}
+        programs = {name: Path(paths[kind][0]).name for name in cases for kind in KINDS if name.endswith(kind)}
+        programs["noop"] = "busybox"
         service = start_service(sock, config, work / "service.err")
         try:
             with exec_tracer(f"gpuhook-bench-service-{os.getpid()}") as tracer:
@@ -89,7 +94,7 @@ def bench(args: argparse.Namespace) -> None:
             service.stop()
         took = check_log(work / "gpuhook.log", expected)
 
-    rows = [row("(a) runc run, no hook", samples["a"])]
+    rows = [row("(a) runc run, no hook", samples["a"]), row("(a) runc run, one no-op hook", samples["noop"])]
     overhead = []
     for letter in REQUESTS:
         for kind in KINDS:
@@ -97,6 +102,10 @@ def bench(args: argparse.Namespace) -> None:
             rows.append(row(f"({letter}) {kind}, {LABELS[letter]}", samples[name], hook_ms=took.get(name)))
             overhead.append(row(f"({letter}) {kind} - (a): {LABELS[letter]}", paired(samples, name, "a"),
                                 TARGETS[letter] if kind == "service" else None))
+    overhead.append(row("no-op hook - (a): what runc charges for running any prestart hook",
+                        paired(samples, "noop", "a")))
+    overhead.append(row("(b) service - no-op hook: no GPU requested, our hook's own share",
+                        paired(samples, "b-service", "noop")))
     print_table("runc run wall time", rows, ["hook_ms"])
     print("hook_ms: the hook's own 'took=' from its log (median): the service's child, or the Python entry")
     print_table("hook overhead (paired per round)", overhead)
@@ -104,13 +113,31 @@ def bench(args: argparse.Namespace) -> None:
                       TARGETS["b"] if kind == "service" else None) for kind in KINDS]
     print_table("the hook alone on a no-GPU state (paired per round, exec of /bin/true subtracted)", alone_rows)
     waited = [row(f"({name[0]}) {name[2:]}, {LABELS[name[0]]}: the hook process, exec to exit", traced[name],
-                  TARGETS[name[0]] if name.endswith("service") else None) for name in traced if traced[name]]
+                  TARGETS[name[0]] if name.endswith("service") else None)
+              for name in traced if traced[name] and name != "noop"]
+    if traced["noop"]:
+        waited += [row("no-op hook: the hook process, exec to exit", traced["noop"]),
+                   row("(b) service - no-op hook, exec to exit: no GPU requested, our hook's own share",
+                       paired(traced, "b-service", "noop"), TARGETS["b"])]
     if waited:
         print_table("what runc waited on the prestart hook, traced in the same starts", waited)
     else:
         print("\nno tracefs instance here (not root, or not mounted): the hook processes were not traced")
     write_json(args, {"gpus": GPUS, "entry": str(native), "rows": rows, "overhead": overhead, "alone": alone_rows,
                       "traced": waited}, load_before)
+
+
+def noop_case(work: Path, template: Path) -> Callable[[int], float]:
+    """One timed `runc run` of `true` whose one prestart hook only reads its state (busybox `wc -c`)."""
+    busybox = shutil.which("busybox") or "/bin/busybox"
+    hooks = {"prestart": [{"path": busybox, "args": ["busybox", "wc", "-c"]}]}
+
+    def start(_round: int) -> float:
+        bundle = work / "bundle-noop"
+        make_bundle(bundle, fresh_rootfs(template, bundle / "rootfs"), ["true"], hooks=hooks)
+        return runc_run(bundle, unique_id("gh-noop"))
+
+    return start
 
 
 def alone_case(argv: list[str], state: bytes, env: dict[str, str]) -> Callable[[int], float]:
