@@ -31,6 +31,7 @@ __all__ = [
     "install_lean_entry",
     "install_native_entry",
     "make_bundle",
+    "noop_hook",
     "podman_run",
     "runc_run",
     "start_service",
@@ -83,6 +84,15 @@ def hook_entry(hook: str, config_file: Path, sock: Path | None = None) -> dict[s
     the service socket the native entry talks to (GPUHOOK_SERVICE_SOCKET)."""
     env = [*HOOK_ENV, *([f"GPUHOOK_SERVICE_SOCKET={sock}"] if sock else [])]
     return {"path": hook, "args": ["gpuhook-hook", "--config", str(config_file), "prestart"], "env": env}
+
+
+def noop_hook() -> dict[str, Any]:
+    """A hook that only reads its state (busybox `wc -c`): what the runtime charges for running any hook, the
+    baseline a hook's own share is measured against. BenchError without a static busybox."""
+    busybox = find_static_busybox()
+    if busybox is None:
+        raise BenchError(f"needs a static busybox ({INSTALL_HINT})")
+    return {"path": busybox, "args": ["busybox", "wc", "-c"]}
 
 
 def runc_run(bundle: Path, container_id: str) -> float:

@@ -16,8 +16,9 @@ import os
 import re
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
-from _common import BenchError
+from _common import BenchError, print_table
 
 TRACEFS = (Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing"))
 EVENTS = ("sched/sched_process_exec", "sched/sched_process_exit")
@@ -127,3 +128,11 @@ def traced_cases(tracer: ExecTracer | None, cases: Mapping[str, Callable[[int], 
         return start
 
     return {name: wrap(name, run) for name, run in cases.items()}, out
+
+
+def print_traced(title: str, rows: list[dict[str, Any]]) -> None:
+    """The traced rows as a table, or the one line saying there were none (no tracefs here)."""
+    if rows:
+        print_table(title, rows)
+    else:
+        print("\nno tracefs instance here (not root, or not mounted): the hook processes were not traced")

@@ -10,11 +10,11 @@ console script (click, `site`), the spec with its hooks removed (what the runtim
 mounts cost; the hooks' share is the rest), and the spec whose one hook is a no-op that reads its state
 (busybox `wc -c`): what the runtime charges for running any createContainer hook, which runc does from `runc
 init` (its stdin written only when that process's one-P Go scheduler gets round to it, then the wait for the
-hook's exit), so "service - no-op hook" is our hook's own share. Targets (issue 21, through the service):
-<= 30 ms added vs no device, of which the container hook <= 6 ms; shown, never enforced.
+hook's exit). Targets (issue 21, through the service): <= 30 ms added vs no device, of which the container hook
+<= 6 ms; shown, never enforced.
 
 Where tracefs is available (root), each start's hook process is also timed from its exec to its exit by the
-kernel's events (_trace.py): how long the runtime waited on it, free of podman's spread. The hook's own share
+kernel's events (_trace.py): how long the runtime waited on it, free of podman's spread. Our hook's own share
 against the 6 ms is that time, service minus no-op hook, per round. The wall-time pair of the same two specs
 also holds what the hook leaves to the rest of the start (podman's teardown of the files it made, the
 service's next spare), which the 30 ms row covers.
@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -57,19 +56,17 @@ from _containers import (
     install_lean_entry,
     install_native_entry,
     make_bundle,
+    noop_hook,
     podman_run,
     start_service,
 )
-from _trace import exec_tracer, traced_cases
+from _trace import exec_tracer, print_traced, traced_cases
 from support.service import spec_with_hook_env
 
 TARGET = 25.0  # issue 14, the lean entry
 SERVICE_TARGET, HOOK_TARGET = 30.0, 6.0  # issue 21, through the service
 DEVICE = "nvidia.com/gpu=all"
 WARMUP = 2
-# The cases whose createContainer hook is traced, and the base name of the file that hook execs.
-TRACED = {"service": "gpuhook-hook", "fallback": "gpuhook-hook", "lean": "gpuhook-hook", "console": "gpuhook",
-          "noop-hook": "busybox"}
 
 
 def options(parser: argparse.ArgumentParser) -> None:
@@ -103,10 +100,11 @@ def bench(args: argparse.Namespace) -> None:
         stripped = yaml.safe_load(specs["lean"])
         hooks = stripped["containerEdits"].pop("hooks", [])
         specs["no-hooks"] = yaml.safe_dump(stripped, sort_keys=False)
-        busybox = shutil.which("busybox") or "/bin/busybox"
-        stripped["containerEdits"]["hooks"] = [{"hookName": "createContainer", "path": busybox,
-                                                "args": ["busybox", "wc", "-c"]}]
+        stripped["containerEdits"]["hooks"] = [{"hookName": "createContainer", **noop_hook()}]
         specs["noop-hook"] = yaml.safe_dump(stripped, sort_keys=False)
+        # each spec's one createContainer hook, traced by the base name of the file it execs
+        programs = {name: Path(yaml.safe_load(spec)["containerEdits"]["hooks"][0]["path"]).name
+                    for name, spec in specs.items() if name != "no-hooks"}
         template = busybox_template(work / "busybox")
         with Podman.create(work / "podman") as podman:
             spec_file = podman.spec_dir / "nvidia.yaml"
@@ -129,7 +127,7 @@ def bench(args: argparse.Namespace) -> None:
             service = start_service(sock, None, work / "service.err")
             try:
                 with exec_tracer(f"gpuhook-bench-cdi-{os.getpid()}") as tracer:
-                    cases, traced = traced_cases(tracer, cases, TRACED, WARMUP)
+                    cases, traced = traced_cases(tracer, cases, programs, WARMUP)
                     samples = interleaved(cases, args.runs, warmup=WARMUP, seed=args.seed)
                 samples.update(interleaved(alone, args.runs, warmup=WARMUP, seed=args.seed))
             finally:
@@ -158,16 +156,13 @@ def bench(args: argparse.Namespace) -> None:
              row("lean spec - hooks removed (the hooks' share)", paired(samples, "lean", "no-hooks"))]
     alone_rows = [row(f"the container hook alone: {kind} - /bin/true", paired(samples, f"alone-{kind}", "true"),
                       HOOK_TARGET if kind == "service" else None) for kind in ("service", "fallback", "lean")]
-    waited = [row(f"{name}: the hook process, exec to exit", traced[name]) for name in TRACED if traced[name]]
+    waited = [row(f"{name}: the hook process, exec to exit", hook_ms) for name, hook_ms in traced.items() if hook_ms]
     if traced["service"]:
         waited.append(row("service - no-op hook (our container hook's own share)",
                           paired(traced, "service", "noop-hook"), HOOK_TARGET))
     print_table(f"podman run wall time, {args.gpus}-GPU simulated driver", rows)
     print_table("CDI path overhead (paired per round)", added)
-    if waited:
-        print_table("what podman waited on the spec's createContainer hook, traced in the same starts", waited)
-    else:
-        print("\nno tracefs instance here (not root, or not mounted): the hook processes were not traced")
+    print_traced("what podman waited on the spec's createContainer hook, traced in the same starts", waited)
     print_table("the spec's container hook alone on a prepared bundle (paired per round, /bin/true subtracted)",
                 alone_rows)
     write_json(args, {"gpus": args.gpus, "device": DEVICE, "entry": lean, "hooks": [h["args"][1:3] for h in hooks],

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -39,12 +38,13 @@ from _containers import (
     fresh_rootfs,
     install_native_entry,
     make_bundle,
+    noop_hook,
     runc_run,
     start_service,
     unique_id,
     write_hook_config,
 )
-from _trace import exec_tracer, traced_cases
+from _trace import exec_tracer, print_traced, traced_cases
 from hook import GPUS, LABELS, REQUESTS, check_log, runc_case
 
 TARGETS = {"b": 2.0, "c": 8.0, "d": 10.0}  # issue 21, through the service
@@ -82,8 +82,9 @@ def bench(args: argparse.Namespace) -> None:
             entry, entry_sock = paths[kind]
             alone[f"alone-{kind}"] = alone_case([str(entry), "--config", str(config), "prestart"], state,
                                                 {"GPUHOOK_SERVICE_SOCKET": str(entry_sock)})
+        # each case's prestart hook, traced by the base name of the file it execs
         programs = {name: Path(paths[kind][0]).name for name in cases for kind in KINDS if name.endswith(kind)}
-        programs["noop"] = "busybox"
+        programs["noop"] = Path(noop_hook()["path"]).name
         service = start_service(sock, config, work / "service.err")
         try:
             with exec_tracer(f"gpuhook-bench-service-{os.getpid()}") as tracer:
@@ -119,18 +120,14 @@ def bench(args: argparse.Namespace) -> None:
         waited += [row("no-op hook: the hook process, exec to exit", traced["noop"]),
                    row("(b) service - no-op hook, exec to exit: no GPU requested, our hook's own share",
                        paired(traced, "b-service", "noop"), TARGETS["b"])]
-    if waited:
-        print_table("what runc waited on the prestart hook, traced in the same starts", waited)
-    else:
-        print("\nno tracefs instance here (not root, or not mounted): the hook processes were not traced")
+    print_traced("what runc waited on the prestart hook, traced in the same starts", waited)
     write_json(args, {"gpus": GPUS, "entry": str(native), "rows": rows, "overhead": overhead, "alone": alone_rows,
                       "traced": waited}, load_before)
 
 
 def noop_case(work: Path, template: Path) -> Callable[[int], float]:
     """One timed `runc run` of `true` whose one prestart hook only reads its state (busybox `wc -c`)."""
-    busybox = shutil.which("busybox") or "/bin/busybox"
-    hooks = {"prestart": [{"path": busybox, "args": ["busybox", "wc", "-c"]}]}
+    hooks = {"prestart": [noop_hook()]}
 
     def start(_round: int) -> float:
         bundle = work / "bundle-noop"

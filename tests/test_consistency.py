@@ -37,10 +37,11 @@ from support.runc import make_bundle, need_busybox, runc_delete, runc_run, uniqu
 from gpuhook import _native
 from gpuhook.cli.generate import default_hook_path
 from gpuhook.fakedriver import FakeDriver
+from gpuhook.model.catalogue import LIB32_DIR, LIB_DIR
 
 pytestmark = pytest.mark.e2e
 BIN = Path(sys.executable).parent
-LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/i386-linux-gnu")
+LIB_DIRS = (LIB_DIR, LIB32_DIR)
 RUNTIME_MOUNTS = ("/etc/hosts", "/etc/hostname", "/etc/resolv.conf", "/run/.containerenv")
 
 PROBE = "; ".join([
@@ -209,7 +210,7 @@ def without_32bit(seen: dict[str, Any]) -> dict[str, Any]:
     """The view less what `compat32` adds (the 32-bit libraries, their links, cache entries and folder): a CDI
     spec holds none, as nvidia-ctk's (v1.20.0 pkg/lookup/ldcache.go: only the cache's 64-bit entries), while the
     hook and the shim give them for NVIDIA_DRIVER_CAPABILITIES=all, as libnvidia-container does."""
-    lib32 = LIB_DIRS[1] + "/"
+    lib32 = LIB32_DIR + "/"
     conf = seen["ldconf"]
     folders = conf if conf is None else "".join(f"{d}\n" for d in conf.split() if not (d + "/").startswith(lib32))
     return {**seen,
@@ -228,7 +229,7 @@ def test_front_doors_agree(world: Podman, fake: FakeDriver, tmp_path: Path, case
     if case.cdi is not None:
         assert_same({"hook less compat32": without_32bit(seen), "cdi": through_cdi(tmp_path, world, case)})
         if fake.compat32 and case.capabilities == "all":  # the hook's 32-bit part exists, so the CDI door lacks it
-            assert any(path.startswith(LIB_DIRS[1] + "/") for path in seen["mounts"])
+            assert any(path.startswith(LIB32_DIR + "/") for path in seen["mounts"])
     # and the view is not trivially empty: the request's nodes, libraries, links and cache are there
     nodes = {line.split()[0] for line in seen["nodes"]}
     assert "/dev/nvidiactl" in nodes

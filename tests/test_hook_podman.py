@@ -14,12 +14,13 @@ from support.glibc import glibc_rootfs
 from support.podman import LIST_NODES, RUN_FLAGS, Podman, need_podman, parse_nodes
 
 from gpuhook import _native
+from gpuhook.model.catalogue import LIB32_DIR
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[1]
 GPUHOOK = str(Path(sys.executable).with_name("gpuhook"))
 HOOK = str(Path(sys.executable).with_name("gpuhook-hook"))
-LIB32 = "/usr/lib/i386-linux-gnu/"
+LIB32 = LIB32_DIR + "/"
 
 VIEW = (
     LIST_NODES + "; echo MOUNTS; grep -E ' /(usr|lib|etc|var)/' /proc/self/mountinfo | cut -d' ' -f5,6 | sort; "

@@ -92,6 +92,17 @@ def _framed(header: bytes) -> bytes:
     return len(header).to_bytes(4, "big") + header
 
 
+def _sent(data: bytes) -> socket.socket:
+    """The server end of a pair whose client sent `data` and closed."""
+    client, server = _pair()
+    client.sendall(data)
+    client.close()
+    return server
+
+
+_NO_LATE = "a request whose state follows has no state or descriptor"
+
+
 @pytest.mark.parametrize(("raw", "why"), [
     ((protocol.MAX_HEADER + 1).to_bytes(4, "big"), "header of .* bytes is over"),
     (_framed(b"hello"), "not JSON"),
@@ -99,13 +110,14 @@ def _framed(header: bytes) -> bytes:
     (_framed(b'{"v": 1, "argv": [], "state": 1073741824}'), "state size 1073741824 is outside"),
     (_framed(b'{"v": 1, "argv": [1], "state": 0}'), "argv is not a list of strings"),
     (_framed(b'{"v": 1, "argv": [], "state": 9}'), "cut short after 0 of 9 bytes"),
+    # a header whose state follows (`later`) carries neither a state nor a descriptor
+    (_framed(b'{"v": 1, "argv": [], "state": 2, "later": true}') + b"{}", _NO_LATE),
+    (_framed(b'{"v": 1, "argv": [], "state": 0, "pid_fd": true, "later": true}'), _NO_LATE),
+    (_framed(b'{"v": 1, "argv": [], "state": 0, "later": "yes"}'), _NO_LATE),
 ])  # fmt: skip
 def test_requests_outside_the_bounds_are_refused(raw: bytes, why: str) -> None:
-    client, server = _pair()
-    client.sendall(raw)
-    client.shutdown(socket.SHUT_WR)
     with pytest.raises(protocol.ProtocolError, match=why):
-        protocol.read_request(server)
+        protocol.read_request(_sent(raw))
 
 
 def test_a_slow_client_is_timed_out() -> None:
@@ -146,24 +158,6 @@ def test_a_late_state_follows_its_header_and_any_descriptor_with_it_is_closed() 
     assert protocol.read_late_state(server) == body
     assert set(os.listdir("/proc/self/fd")) <= before
     assert protocol.read_request(_sent(protocol.encode_request(["prestart"], body))).later is False
-
-
-def _sent(data: bytes) -> socket.socket:
-    """The server end of a pair whose client sent `data` and closed."""
-    client, server = _pair()
-    client.sendall(data)
-    client.close()
-    return server
-
-
-@pytest.mark.parametrize("header", [
-    b'{"v": 1, "argv": [], "state": 2, "later": true}',
-    b'{"v": 1, "argv": [], "state": 0, "pid_fd": true, "later": true}',
-    b'{"v": 1, "argv": [], "state": 0, "later": "yes"}',
-])  # fmt: skip
-def test_a_late_header_carries_neither_state_nor_descriptor(header: bytes) -> None:
-    with pytest.raises(protocol.ProtocolError, match="a request whose state follows has no state or descriptor"):
-        protocol.read_request(_sent(_framed(header) + b"{}"))
 
 
 def test_a_late_state_is_bounded_and_timed() -> None:

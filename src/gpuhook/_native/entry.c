@@ -235,6 +235,12 @@ struct call {
     long long deadline;
 };
 
+/* Where the service listens: $GPUHOOK_SERVICE_SOCKET when set and not empty, else the default. */
+static const char *service_socket(void) {
+    const char *path = getenv("GPUHOOK_SERVICE_SOCKET");
+    return path && *path ? path : DEFAULT_SOCKET;
+}
+
 /* The service took the request (or may have) and the call failed: one line saying `what` happened (a phrase:
  * "closed without an answer"), exit 1, never a second run. */
 static void lost(const struct call *c, const char *what) {
@@ -393,9 +399,7 @@ static int relay(int fd, const unsigned char *buf, size_t n) {
  * Python entry when the service is not there or declines. */
 static int command(int argc, char **argv) {
     char cwd[PATH_MAX], exe[SHEBANG_MAX];
-    const char *sock_path = getenv("GPUHOOK_SERVICE_SOCKET");
-    struct call c = {.sock_path = sock_path && *sock_path ? sock_path : DEFAULT_SOCKET, .ms = COMMAND_TIMEOUT_MS,
-                     .command = 1};
+    struct call c = {.sock_path = service_socket(), .ms = COMMAND_TIMEOUT_MS, .command = 1};
     /* Nothing to say where the client is, or more than a header holds: the Python entry runs it in-process. */
     if (!getcwd(cwd, sizeof cwd) || !entry_interpreter(exe, sizeof exe)) fallback(argv, NULL, 0, 0);
     struct buf h = {0};
@@ -491,8 +495,7 @@ static int hook_answer(int s, const struct call *c, char **argv, char *state, si
 static int cdi_hook(int argc, char **argv) {
     size_t len;
     int over;
-    const char *sock_path = getenv("GPUHOOK_SERVICE_SOCKET");
-    struct call c = {.sock_path = sock_path && *sock_path ? sock_path : DEFAULT_SOCKET, .ms = timeout_ms()};
+    struct call c = {.sock_path = service_socket(), .ms = timeout_ms()};
     int s = connect_service(&c);
     if (s < 0) {
         char *state = read_state(&len, &over);
@@ -525,12 +528,11 @@ int main(int argc, char **argv) {
     int over;
     char *state = read_state(&len, &over);
     if (over) fallback(argv, state, len, 1);  /* nothing sent: the in-process hook reads and words it */
-    const char *sock_path = getenv("GPUHOOK_SERVICE_SOCKET");
-    struct call c = {.sock_path = sock_path && *sock_path ? sock_path : DEFAULT_SOCKET, .ms = timeout_ms()};
+    struct call c = {.sock_path = service_socket(), .ms = timeout_ms()};
     c.deadline = now_ms() + c.ms;
     int s = connect_service(&c);
     if (s < 0) fallback(argv, state, len, 0);
-    /* From here on the request may reach the service: never fall back. */
+    /* From here on the request may reach the service: never fall back, but as hook_answer() says. */
     long pid = find_pid(state, len);
     int pid_fd = -1;
     if (pid > 0) {
