@@ -55,11 +55,13 @@ class Running:
 
 
 def start(sock: Path, config: Path | None, log: Path, command: list[str] | None = None) -> Running:
-    """`gpuhook service [--config CONFIG] --socket SOCK`, its stderr in `log`; AssertionError if it does not come up
-    within 30 s (its stderr quoted)."""
-    argv = [*(command or [GPUHOOK]), "service", *(["--config", str(config)] if config else []), "--socket", str(sock)]
+    """`GPUHOOK_SERVICE_SOCKET=SOCK gpuhook service [--config CONFIG]`, its stderr in `log`; AssertionError if it
+    does not come up within 30 s (its stderr quoted). The socket's path appears only once it listens
+    (server.bind_socket), so its existence is readiness."""
+    argv = [*(command or [GPUHOOK]), "service", *(["--config", str(config)] if config else [])]
+    env = {**os.environ, "GPUHOOK_SERVICE_SOCKET": str(sock)}
     with open(log, "wb") as err:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=err, stderr=err)
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=err, stderr=err, env=env)
     try:
         wait_ready(proc, sock.exists, "gpuhook service", log, 30, interval=0.02)
     except AssertionError:
@@ -85,7 +87,8 @@ def no_fallback(entry: Path, marker: Path) -> None:
     start: where a service must answer, any fallback shows. Its #! line is the installed one's (this interpreter),
     which the entry names as the client's interpreter in a command's request."""
     script = entry.with_name(entry.name + ".py")
-    script.write_text(f"#!{sys.executable} -IS\nimport sys\nopen({str(marker)!r}, 'a').write('ran\\n')\n"
+    script.write_text(f"#!{sys.executable} -IS\nimport os, sys\nopen({str(marker)!r}, 'a').write("
+                      "'ran ' + os.environ.get('GPUHOOK_SERVED_BY', '') + '\\n')\n"
                       "sys.stderr.write('gpuhook-hook: fallback ran\\n')\nsys.exit(3)\n")
 
 

@@ -151,9 +151,10 @@ def lean_main(args: Sequence[str]) -> int | None:
     return run_lean(lambda: generate(**params))  # --watch and --poll-interval are never lean: not in params
 
 
-def serve(args: list[str], cwd: str) -> tuple[int, str, bytes] | None:
+def serve(args: list[str], cwd: str, take: Callable[[], None] = lambda: None) -> tuple[int, str, bytes] | None:
     """`generate-cdi ARGS` for `gpuhook service` (service/client.py): what lean_main does for a client in `cwd`, as
     (exit status, stderr, stdout); None when click must answer (service/server.py declines: the client runs it).
+    `take()` is called before anything is written (the service's TAKING and the client's GO, protocol.py).
     The service runs it in its own process, warm: the spec modules loaded once, the inventory in discover/cache's
     memory while its fingerprint holds."""
     import io
@@ -164,6 +165,7 @@ def serve(args: list[str], cwd: str) -> tuple[int, str, bytes] | None:
     params = parse_lean(args, GENERATE_OPTIONS)
     if params is None:
         return None
+    take()
     for opt in GENERATE_OPTIONS:
         if opt.path and params.get(opt.dest):
             params[opt.dest] = os.path.join(cwd, params[opt.dest])

@@ -123,8 +123,30 @@ def run(state_text: bytes, config: Config, before_inject: Callable[[Decided], in
         from gpuhook.hook.cdiignored import note
 
         recorded = note(config.state_dir, decided.state_id, decided.cdi_ignored)
-    return f"{decided.state_id} " + _inject(config, decided, before_inject is not None, via_fd) + decided.notes \
-        + recorded
+    try:
+        injected = _inject(config, decided, before_inject is not None, via_fd)
+    except Exception as exc:
+        from gpuhook.inject.mounts import HostFileGone
+
+        if not isinstance(exc, HostFileGone):
+            raise
+        # A driver file is gone since the plan (the driver changed under a cached or warm inventory). Nothing was
+        # touched yet (_inject takes every host file before the container), so plan once more from a fresh scan.
+        again = decide(state_text, config, _replan)
+        if isinstance(again, str):
+            return again
+        decided = again
+        injected = _inject(config, decided, before_inject is not None, via_fd) + " (planned again: a driver file " \
+            "was gone)"
+    return f"{decided.state_id} " + injected + decided.notes + recorded
+
+
+def _replan(config: Config, request: Request) -> Planned:
+    """plan_request on a fresh scan (cache.rescan), for a start whose plan named a host file that is gone."""
+    from gpuhook.discover.cache import rescan
+    from gpuhook.hook.plan import plan_request
+
+    return plan_request(config, request, rescan(config.roots(), config.inventory_cache))
 
 
 def _inject(config: Config, decided: Decided, disposable: bool, via_fd: int | None) -> str:
@@ -158,14 +180,15 @@ def handle(config_path: str | None, read_state: Callable[[], bytes], start: floa
            load: Callable[[str | None], Config] | None = None,
            before_inject: Callable[[Decided], int | None] | None = None,
            plan: Callable[[Config, Request], Planned] | None = None,
-           decided: Decided | None = None) -> tuple[int, str]:
+           decided: Decided | None = None, served: str = "in-process") -> tuple[int, str]:
     """One container start, as `main` and `gpuhook service` run it: (exit status, the one stderr line or "").
 
     Every failure (OSError and bugs included) is one escaped, bounded line (errors.render), the same text in the
     log line; `load` reads the config (the service passes its warm one); `before_inject`, `plan` and `decided`
     go to run (the service: fork or hand over there, its plan memo; its spare: the decision handed over). A
     BaseException that is no Exception (the service parent's word that a child took the start over) passes
-    through, with nothing logged."""
+    through, with nothing logged. `served`: who ran it, the log line's last field (`by=service`, or
+    `by=in-process` with the native entry's reason for not asking the service: contract.SERVED_BY_ENV)."""
     log_file = "/var/log/gpuhook.log"
     state_text = b""
     line = ""
@@ -183,7 +206,7 @@ def handle(config_path: str | None, read_state: Callable[[], bytes], start: floa
         summary, code = f"{state_id(state_text)} error: {what}", 1
         line = f"gpuhook-hook: {what}"
     elapsed = (time.monotonic() - start) * 1000
-    append_log(log_file, f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {summary} took={elapsed:.1f}ms")
+    append_log(log_file, f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {summary} took={elapsed:.1f}ms by={served}")
     return code, line
 
 
@@ -193,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     from gpuhook.hook.config import CONFIG_ENV
 
     config_path = config_path_for(sys.argv[1:] if argv is None else list(argv), os.environ.get(CONFIG_ENV))
-    code, line = handle(config_path, read_stdin_state, start)
+    code, line = handle(config_path, read_stdin_state, start, served=os.environ.get(contract.SERVED_BY_ENV)
+                        or "in-process")
     if line:
         print(line, file=sys.stderr)
     return code

@@ -37,8 +37,9 @@ CDI_DEVICES_MARKER = "GPUHOOK_CDI_DEVICES"
 # program `docker run --gpus` runs: systemd's default, which dockerd and containerd start with.
 HOOK_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
 LD_CONF_FILE = "/etc/ld.so.conf.d/00-gpuhook.conf"  # in a container: its injected ld folders (inject/ldcache.py)
-SERVICE_SOCKET = "/run/gpuhook/service.sock"  # `gpuhook service`: the config's service-socket default (entry.c's too)
-SERVICE_SOCKET_ENV = "GPUHOOK_SERVICE_SOCKET"  # names another socket to a client (the native entry, the CLI)
+SERVICE_SOCKET = "/run/gpuhook/service.sock"  # `gpuhook service` and every client (entry.c's DEFAULT_SOCKET too)
+SERVICE_SOCKET_ENV = "GPUHOOK_SERVICE_SOCKET"  # names another socket, to the service and its clients alike
+SERVED_BY_ENV = "GPUHOOK_SERVED_BY"  # set by the native entry for its Python fallback: why it ran in-process
 STATE_DIR = "/run/gpuhook/records"  # node-local, root's: the hook config's state-dir, the plugin's --hook-state-dir
 # (a folder of its own: the DaemonSet mounts it into the plugin, never the service socket or inventory beside it)
 CDI_IGNORED_RECORD = "cdi-ignored"

@@ -19,7 +19,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from gpuhook.errors import GpuhookError, clip, render
@@ -295,11 +295,13 @@ def prepare(inv: Invocation, config_path: str | None) -> tuple[str, str]:
     return config.log_file, f"{inv.container_id} runtime inject {planned.summary()}{notes}"
 
 
-def serve(args: list[str], cwd: str) -> tuple[int, str, bytes] | None:
-    """`runtime-prepare BUNDLE ID CONFIG` for `gpuhook service`: prepare() in the service's warm process, as
-    (0, "", b"<log file>\\n<log line>") or (1, the shim's one line, b""); None (declined) for another argv."""
+def serve(args: list[str], cwd: str, take: Callable[[], None] = lambda: None) -> tuple[int, str, bytes] | None:
+    """`runtime-prepare BUNDLE ID CONFIG` for `gpuhook service`: prepare() in the service's child, warm, as
+    (0, "", b"<log file>\\n<log line>") or (1, the shim's one line, b""); None (declined) for another argv.
+    `take()` comes before prepare() may write anything (protocol.py's TAKING and GO)."""
     if len(args) != 3:
         return None
+    take()
     bundle, container_id, config_path = args
     inv = Invocation("create", bundle=os.path.join(cwd, bundle), container_id=container_id)
     try:
