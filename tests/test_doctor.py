@@ -425,7 +425,13 @@ def test_containerd_1_6_and_1_7(tmp_path: Path) -> None:
 
 def test_a_recorded_runtime_that_ignored_cdi_devices_is_one_warning(tmp_path: Path, fake_driver: Any) -> None:
     """The hook's or shim's record (hook/cdiignored.py), as the device plugin says it; none without one."""
-    from gpuhook.hook.cdiignored import record
+    from gpuhook.fileio.secret import ensure_secret
+    from gpuhook.hook.cdiignored import record as hook_record
+    from gpuhook.model.cdiignored import seal
+    from gpuhook.model.contract import PLUGIN_KEY
+
+    def record(state: str, container: str, names: tuple[str, ...]) -> None:  # as the plugin seals its marker
+        hook_record(state, container, names, seal(ensure_secret(os.path.join(state, PLUGIN_KEY)), ",".join(names)))
 
     state = tmp_path / "state"
     config = config_file(tmp_path, state_dir=str(state))

@@ -173,6 +173,28 @@ def test_annotation_keys_are_valid_names() -> None:
     assert long_key == annotation_key("MIG-" + "a" * 80)  # deterministic
 
 
+def test_allocate_seals_its_cdi_marker_with_the_nodes_key(fake_driver: Any, kubelet: TestKubelet,
+                                                          tmp_path: Path) -> None:
+    """With the hooks' state dir, the plugin makes the node's key there (root's alone) and seals the marker with
+    it: the hook then records what this plugin allocated, and nothing an image sets in its own environment."""
+    from gpuhook.fileio.secret import read_secret
+    from gpuhook.hook.cdiignored import record
+    from gpuhook.model import cdiignored
+    from gpuhook.model.contract import PLUGIN_KEY
+
+    state = tmp_path / "records"
+    with running(fake_driver, kubelet, Options(list_strategies=ALL_STRATEGIES), hook_state_dir=str(state)):
+        kubelet.wait_registrations(1)
+        ids = [d.ID for d in kubelet.stream().first().devices]
+        marker = dict(kubelet.client().allocate(ids[:1]).container_responses[0].envs)["GPUHOOK_CDI_DEVICES"]
+    key = read_secret(str(state / PLUGIN_KEY))
+    assert key and (state / PLUGIN_KEY).stat().st_mode & 0o777 == 0o600
+    names = cdiignored.names_of(marker)
+    assert marker != names and cdiignored.sealed_by(key, marker)
+    assert record(str(state), "c1", (names,), marker).endswith(f"recorded in {state / 'cdi-ignored'}")
+    assert "no record" in record(str(state), "c2", (names,), names)  # the same names, unsealed: an image's
+
+
 def test_allocate_unknown_ids_fail_naming_them(fake_driver: Any, kubelet: TestKubelet) -> None:
     with running(fake_driver, kubelet):
         kubelet.wait_registrations(1)

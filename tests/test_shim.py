@@ -375,10 +375,13 @@ MARKER = "GPUHOOK_CDI_DEVICES=nvidia.com/gpu=1"  # what the device plugin's Allo
 
 
 def test_a_runtime_that_ignored_cdi_devices_is_recorded_for_the_plugin(tmp_path: Path, fake_driver: Any) -> None:
+    from gpuhook.fileio.secret import ensure_secret
     from gpuhook.model import cdiignored
+    from gpuhook.model.contract import PLUGIN_KEY
 
     state = tmp_path / "state"
-    bundle = bundle_with(tmp_path, ["NVIDIA_VISIBLE_DEVICES=1", MARKER])  # containerd 1.6: the spec not applied
+    sealed = "GPUHOOK_CDI_DEVICES=" + cdiignored.seal(ensure_secret(str(state / PLUGIN_KEY)), "nvidia.com/gpu=1")
+    bundle = bundle_with(tmp_path, ["NVIDIA_VISIBLE_DEVICES=1", sealed])  # containerd 1.6: the spec not applied
     config = hook_config(tmp_path, fake_driver.root, state_dir=str(state))
     result = run_shim(tmp_path, ["create", "--bundle", str(bundle), "c1"], config)
     assert result.returncode == 7, result.stderr

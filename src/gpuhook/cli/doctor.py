@@ -115,6 +115,9 @@ def doctor(driver_root: str | None, dev_root: str | None, proc_root: str | None,
     paths = rt.Paths(generate_flags=flags, spec_dirs=dirs)
     report.add(rt.check_runtimes(chosen, status, paths))
     report.add(rt.check_cdi_ignored(config.state_dir))
+    from gpuhook.doctor.service import check_service
+
+    report.add(check_service())
     if inv is not None:
         from gpuhook.doctor.systemd import check_dev_char
 

@@ -97,7 +97,8 @@ def decide(state_text: bytes, config: Config, plan: Callable[[Config, Request], 
         from gpuhook.errors import InjectionError
 
         raise InjectionError("OCI state has no pid: run gpuhook-hook at the prestart or createRuntime stage")
-    return Decided(state.id, state.pid, bundle.rootfs, planned.edits, planned.summary(), notes, request.cdi_ignored)
+    return Decided(state.id, state.pid, bundle.rootfs, planned.edits, planned.summary(), notes, request.cdi_ignored,
+                   request.cdi_marker)
 
 
 def run(state_text: bytes, config: Config, before_inject: Callable[[Decided], int | None] | None = None,
@@ -122,7 +123,7 @@ def run(state_text: bytes, config: Config, before_inject: Callable[[Decided], in
     if decided.cdi_ignored:  # have an effect: the service decides, and its spare or a fork injects)
         from gpuhook.hook.cdiignored import note
 
-        recorded = note(config.state_dir, decided.state_id, decided.cdi_ignored)
+        recorded = note(config.state_dir, decided.state_id, decided.cdi_ignored, decided.cdi_marker)
     try:
         injected = _inject(config, decided, before_inject is not None, via_fd)
     except Exception as exc:

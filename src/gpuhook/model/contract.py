@@ -43,6 +43,10 @@ SERVED_BY_ENV = "GPUHOOK_SERVED_BY"  # set by the native entry for its Python fa
 STATE_DIR = "/run/gpuhook/records"  # node-local, root's: the hook config's state-dir, the plugin's --hook-state-dir
 # (a folder of its own: the DaemonSet mounts it into the plugin, never the service socket or inventory beside it)
 CDI_IGNORED_RECORD = "cdi-ignored"
+# In the state directory, root's alone: the node's secret the device plugin seals its CDI marker with (a MAC over
+# the CDI names), so that a record is written only for a marker this node's plugin made, never for one an image
+# sets in its own environment (model/cdiignored.seal).
+PLUGIN_KEY = "plugin.key"
 
 
 def has_gpu_signal(env: list[str], mounts: list[dict[str, object]], annotations: dict[str, str],

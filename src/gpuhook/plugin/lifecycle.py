@@ -154,7 +154,8 @@ class Plugin:
             table = topology.build(inv, resource.devices, self.config.sys_root)
             specs = (DeviceSpecs(inv, resource.devices, self.config.host_driver_root)
                      if self.config.options.pass_device_specs else None)
-            service = DevicePluginService(resource, self.board, table, self.config.options, inv, specs)
+            service = DevicePluginService(resource, self.board, table, self.config.options, inv, specs,
+                                          self._marker_key())
             endpoint = Endpoint(service, os.path.join(self.config.kubelet_dir, resource.socket_name))
             endpoint.start()
             registrar = Registrar(self.kubelet_socket, resource.socket_name, resource.name)
@@ -200,6 +201,16 @@ class Plugin:
         signal.signal(signal.SIGTERM, on_stop)
         signal.signal(signal.SIGINT, on_stop)
         signal.signal(signal.SIGHUP, on_hup)
+
+    def _marker_key(self) -> bytes:
+        """The node's key Allocate seals its CDI marker with, made in the hooks' state directory when missing
+        (b"" without one: an unsealed marker, which no hook records)."""
+        if not self.config.hook_state_dir:
+            return b""
+        from gpuhook.fileio.secret import ensure_secret
+        from gpuhook.model.contract import PLUGIN_KEY
+
+        return ensure_secret(os.path.join(self.config.hook_state_dir, PLUGIN_KEY))
 
     def run(self) -> None:
         """Watch until stopped, then shut down. Returns normally (exit 0) after SIGTERM/SIGINT."""

@@ -72,6 +72,7 @@ MAX_STATE = 1 << 20  # the OCI state: id, pid, bundle, annotations; the C entry 
 MAX_ANSWER = 64 << 10
 MAX_OUTPUT = 64 << 20  # a generate-cdi spec on stdout (8 GPUs x 7 MIG: ~0.3 MiB)
 GENERATE_CDI, RUNTIME_PREPARE = "generate-cdi", "runtime-prepare"  # the Python clients' commands (client.py)
+PING = "ping"  # doctor's question: answered 0 with "gpuhook service pid N" by the resident process itself
 OUTPUT_COMMANDS = (GENERATE_CDI, RUNTIME_PREPARE)  # requests whose answer carries stdout
 SERVED_ENV = ("PATH", "CUDA_MPS_PIPE_DIRECTORY")  # what a served command reads of its environment (the gpuhook a
 # spec names when none is beside the interpreter: discover/executables.py; discover/scan.py): the client's are used

@@ -486,9 +486,12 @@ class Service:
         pending.peer.close()
 
     def _decline(self, conn: socket.socket, peer: Peer | None = None) -> None:
-        """DECLINED (the client runs the call in-process), then closed; never waits on the client."""
+        """DECLINED (the client runs the call in-process), then closed; never waits on the client. What it sent
+        so far is read first (at most 64 KiB), so that the close does not reset the connection under the answer."""
         with contextlib.suppress(OSError):
             conn.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                conn.recv(1 << 16)
             conn.send(protocol.encode_answer(protocol.DECLINED, ""))
         conn.close()
         if peer is not None:
@@ -786,6 +789,9 @@ class Service:
             return
         if request.argv[:1] and request.argv[0] in protocol.OUTPUT_COMMANDS:
             self._serve_command(conn, request, peer)
+            return
+        if request.argv == [protocol.PING]:
+            self._answer(conn, 0, f"gpuhook service pid {os.getpid()}")
             return
         vet = vetter(request.pid_fd)  # before_inject, wherever the start runs
         if request.argv[:1] == ["cdi-hook"]:  # a CDI spec's createContainer hook: always a child (it mutates)

@@ -291,7 +291,7 @@ def prepare(inv: Invocation, config_path: str | None) -> tuple[str, str]:
     if request.cdi_ignored:  # the device plugin's record (hook/cdiignored.py)
         from gpuhook.hook.cdiignored import note
 
-        notes += note(config.state_dir, inv.container_id, request.cdi_ignored)
+        notes += note(config.state_dir, inv.container_id, request.cdi_ignored, request.cdi_marker)
     return config.log_file, f"{inv.container_id} runtime inject {planned.summary()}{notes}"
 
 
