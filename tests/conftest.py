@@ -8,6 +8,7 @@ from support.fakefix import *  # noqa: F401,F403
 from support.kubeletfix import *  # noqa: F401,F403
 from support.realfix import *  # noqa: F401,F403
 from support.service import service_mode, session_service
+from support.servicefix import *  # noqa: F401,F403
 
 
 @pytest.fixture(scope="session", autouse=True)

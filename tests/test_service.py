@@ -22,7 +22,7 @@ from typing import Any
 
 import psutil
 import pytest
-from support.e2e import need_root, need_tool
+from support.e2e import need_tool
 from support.glibc import glibc_rootfs
 from support.runc import make_bundle, need_busybox, runc_run, unique_id
 from support.service import GPUHOOK, Running, no_fallback, start
@@ -182,12 +182,6 @@ def start_service(tmp: Path, config: Path) -> Running:
 
 
 @pytest.fixture()
-def root_tmp(tmp_path: Path) -> Path:
-    need_root()
-    return tmp_path
-
-
-@pytest.fixture()
 def service(root_tmp: Path) -> Iterator[Running]:
     running = start_service(root_tmp, write_config(root_tmp, Path("/")))
     yield running
@@ -343,14 +337,6 @@ def test_systemd_socket_activation(root_tmp: Path) -> None:
 
 
 # --- the native entry against a service -------------------------------------------------------------------------
-
-
-@pytest.fixture()
-def native(root_tmp: Path) -> Path:
-    """The native entry at bin/gpuhook-hook with its Python entry at bin/gpuhook-hook.py."""
-    if hook_entry.native_entry() is None:
-        pytest.skip("the native entry was not built")
-    return Path(hook_entry.install(str(root_tmp / "bin" / "gpuhook-hook"))[0])
 
 
 def run_native(entry: Path, sock: Path, args: list[str], body: bytes, timeout_ms: int | None = None,

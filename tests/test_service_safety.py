@@ -21,14 +21,7 @@ from support.e2e import need_tool
 from support.runc import busybox_rootfs, make_bundle, need_busybox, runc_run, unique_id
 from support.service import Running, start
 from test_hook_e2e import nodes, write_config
-from test_service import (  # noqa: F401 - fixtures
-    _runc_start,
-    native,
-    plain_bundle,
-    root_tmp,
-    run_native,
-    state,
-)
+from test_service import _runc_start, plain_bundle, run_native, state
 
 from gpuhook.cli import entry as hook_entry
 from gpuhook.service import protocol

@@ -25,11 +25,17 @@ MODE_ENV = "GPUHOOK_TEST_SERVICE"
 SOCKET_ENV = "GPUHOOK_TEST_SERVICE_SOCKET"  # set by the session fixture: the socket the hooks are pointed at
 
 
+# In service mode every start must be the service's (the fallback is replaced by one that fails): a burst of the
+# load tests (50 starts at once on 2 CPUs) can keep the service's answer past the entry's 250 ms, after which the
+# entry runs the start in-process by design, so the mode gives it longer. test_service_safety covers the bound.
+MODE_ACK_MS = "30000"
+
+
 def service_env() -> dict[str, str]:
     """What a hook's environment needs in service mode: the session's socket (GPUHOOK_SERVICE_SOCKET, which the
-    native entry reads); empty otherwise."""
+    native entry reads) and a wait for the service that no burst reaches (MODE_ACK_MS); empty otherwise."""
     sock = os.environ.get(SOCKET_ENV)
-    return {"GPUHOOK_SERVICE_SOCKET": sock} if sock else {}
+    return {"GPUHOOK_SERVICE_SOCKET": sock, "GPUHOOK_SERVICE_ACK_MS": MODE_ACK_MS} if sock else {}
 
 
 def service_mode() -> str:
