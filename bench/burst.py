@@ -106,7 +106,7 @@ def bench(args: argparse.Namespace) -> None:
         finally:
             running.stop()
         log = (work / "gpuhook.log").read_text() if (work / "gpuhook.log").exists() else ""
-        fell_back = log.count("by=in-process (service")
+        fell_back = log.count(f"by=in-process (service {sock} ")  # through the service, then left to the entry
         if "error:" in log:
             raise BenchError("a start failed: " + next(line for line in log.splitlines() if "error:" in line))
     rows = []
