@@ -127,6 +127,7 @@ def list_cmd(
         env.append(f"NVIDIA_DRIVER_CAPABILITIES={capabilities}")
     env += extra_env
     request = parse_request(env, privileged=True)
+    request = type(request)(**{**{n: getattr(request, n) for n in request._fields}, "source": "--devices"})
     if not request.wants_gpu_setup:
         if as_json:
             click.echo(json.dumps(edits_to_dict(ContainerEdits()), indent=2))
