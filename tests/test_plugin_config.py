@@ -23,6 +23,7 @@ from gpuhook.plugin.settings import parse_go_bool, resolve
 DATA = Path(__file__).parent / "data" / "nvidia_device_plugin_v0.20.0_config.yaml"
 TABLE = yaml.safe_load(DATA.read_text(encoding="utf-8"))
 GPU = "nvidia.com/gpu"
+KIND = "k8s.device-plugin.nvidia.com/gpu"  # the plugin's CDI kind, NVIDIA's
 WARNING_WORDS = ("rename", "devices", "resources")
 
 
@@ -83,8 +84,7 @@ def test_the_table_covers_every_nvidia_test() -> None:
 
 @pytest.mark.parametrize("text, message", [
     ("version: v2\n", "version: unknown version 'v2' (expected v1)"),
-    ("version: v1\nflags:\n  plugin:\n    deviceListStratgy: envvar\n",
-     "flags.plugin: unknown key flags.plugin.deviceListStratgy"),
+    ("version: v1\nflags:\n  gfd:\n    oneshoot: true\n", "flags.gfd: unknown key flags.gfd.oneshoot"),
     ("bogus: 1\nother: 2\n", "unknown keys bogus, other"),
     ("flags:\n  migStrategy: half\n", "flags.migStrategy: 'half' is not one of none, single, mixed"),
     ("flags:\n  failOnInitError: maybe\n", "flags.failOnInitError: 'maybe' is not a boolean"),
@@ -102,6 +102,16 @@ def test_bad_files_are_one_line_naming_the_key(text: str, message: str) -> None:
         config.parse(text, "/etc/config/config.yaml")
     assert message in str(err.value) and "\n" not in str(err.value)
     assert str(err.value).startswith("/etc/config/config.yaml: ")
+
+
+def test_unknown_plugin_flags_are_a_warning_and_the_rest_is_read() -> None:
+    """NVIDIA's plugin ignores an unknown key under flags.plugin (a later release's, or a typo): the file is
+    accepted with one warning naming it, and what it does say still counts."""
+    got = config.parse("version: v1\nflags:\n  plugin:\n    deviceListStratgy: envvar\n    futureKey: 1\n"
+                       "    deviceIDStrategy: index\n", "/etc/config/config.yaml")
+    assert got.id_strategy == "index"
+    assert got.warnings == ("unknown keys flags.plugin.deviceListStratgy, flags.plugin.futureKey ignored (not in "
+                            "NVIDIA's v1 schema; NVIDIA's plugin ignores it too)",)
 
 
 # nvidia.com/gpu time-sliced 3 ways, renamed nvidia.com/gpu.shared, one replica per container
@@ -251,7 +261,7 @@ def test_time_slicing_renamed_with_replica_ids_and_fail_over_one(fake_driver: An
         assert ids == [f"{g}::{n}" for g in u for n in range(3)]
         client = kubelet.client("nvidia.com/gpu.shared")
         one = client.allocate([f"{u[1]}::2"]).container_responses[0]
-        assert [c.name for c in one.cdi_devices] == [f"{GPU}={u[1]}"]
+        assert [c.name for c in one.cdi_devices] == [f"{KIND}={u[1]}"]
         with pytest.raises(grpc.RpcError) as err:
             client.allocate([f"{u[0]}::0", f"{u[1]}::0"])
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -277,7 +287,7 @@ def test_time_slicing_without_rename_allows_several_replicas(fake_driver: Any, k
         assert reg.request.resource_name == GPU
         u = uuids(plugin)
         resp = kubelet.client().allocate([f"{u[0]}::0", f"{u[1]}::0"]).container_responses[0]
-        assert [c.name for c in resp.cdi_devices] == [f"{GPU}={u[0]}", f"{GPU}={u[1]}"]
+        assert [c.name for c in resp.cdi_devices] == [f"{KIND}={u[0]}", f"{KIND}={u[1]}"]
         assert labels(plugin.inventory, options)["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3-SHARED"
 
 
@@ -462,7 +472,7 @@ def test_default_strategy_gives_the_gpu_once_with_or_without_cdi(fake_driver: An
         assert parse_request([f"{k}={v}" for k, v in container_env(image, resp, spec).items()]).cdi_ignored == ()
         device = next(d for d in spec["devices"] if d["name"] == ids[1])
         assert [n["path"] for n in device["containerEdits"]["deviceNodes"]][:1] == ["/dev/nvidia1"]
-        assert [c.name for c in resp.cdi_devices] == [f"{GPU}={ids[1]}"]
+        assert [c.name for c in resp.cdi_devices] == [f"{KIND}={ids[1]}"]
 
 
 # -- item 6: the deployment ------------------------------------------------------------------------------------------

@@ -198,12 +198,27 @@ def check_specs(dirs: Sequence[str], inv: Inventory | None, flags: str = "") -> 
         where = " (shadowed: every name it defines comes from another spec)" if shadowed else ""
         out.append(Finding("cdi", WARN if shadowed else PROBLEM, f"{path} is stale{where}: {'; '.join(reasons)}",
                            regenerate_command(path, spec, flags)))
-    for name, paths in sorted(reg.conflicts.items()):
-        out.append(Finding("cdi", PROBLEM, f"{name} is defined by {' and '.join(paths)} at one priority: "
-                                           "a runtime cannot resolve it", f"rm {paths[-1]}"))
+    out += clashes(reg.conflicts)
     if not files:
         out.append(Finding("cdi", INFO, f"no CDI spec in {', '.join(dirs)}"))
     return out, status
+
+
+def clashes(conflicts: dict[str, list[str]]) -> list[Finding]:
+    """One PROBLEM per set of spec files that define the same qualified names in one directory (a runtime's CDI
+    cache then resolves none of them): the files, how many names, the first few. The usual cause: two writers
+    of one kind on a node (a device plugin's spec beside a host spec of kind nvidia.com/gpu)."""
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for name, paths in conflicts.items():
+        groups.setdefault(tuple(paths), []).append(name)
+    out = []
+    for paths, names in sorted(groups.items()):
+        names.sort()
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        out.append(Finding("cdi", PROBLEM, f"CDI name clash: {' and '.join(paths)} both define {shown} at one "
+                                           f"priority: a runtime resolves none of these {len(names)} name(s)",
+                           f"keep one writer of this kind: rm {paths[-1]} (or regenerate it under another kind)"))
+    return out
 
 
 def _files(folder: str) -> list[str]:

@@ -7,22 +7,29 @@ a container, the driver root it reads (`--driver-root /driver-root`) is not wher
 
 from __future__ import annotations
 
+import contextlib
 import os
 import posixpath
+import stat
 from collections.abc import Sequence
 from typing import Any
 
-from gpuhook.cdi.codec import dumps
+from gpuhook.cdi.codec import dumps, loads
 from gpuhook.cdi.spec import build_spec
 from gpuhook.errors import ConfigError
 from gpuhook.model.inventory import Inventory
-from gpuhook.plugin.devices import CDI_KIND, Resource, advertised_targets
+from gpuhook.plugin.devices import CDI_CLASS, CDI_KIND, CDI_VENDOR, Resource, advertised_targets
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from gpuhook.plugin.devices import Target
 
-SPEC_FILE = "nvidia.com-gpu.yaml"
+# NVIDIA's file name for its kind (the CDI library's GenerateNameForSpec, `<vendor>-<class>`, saved as .json in
+# /var/run/cdi: k8s-device-plugin v0.20.0 internal/cdi/cdi.go CreateSpecFile): a node moving from NVIDIA's
+# plugin has this one file replaced, never a second spec of the same kind beside it.
+SPEC_FILE = f"{CDI_VENDOR}-{CDI_CLASS}.json"
+# What gpuhook's plugin wrote before it had a kind of its own (nvidia.com/gpu): removed at start when it is ours.
+OLD_SPEC_FILE = "nvidia.com-gpu.yaml"
 NAME_STRATEGIES = ("index", "uuid")
 
 
@@ -46,7 +53,7 @@ def _rebase_edits(edits: dict[str, Any], inside: str, outside: str) -> None:
 
 
 def build(inv: Inventory, targets: Sequence[Target], hook_path: str, host_driver_root: str | None) -> dict[str, Any]:
-    spec = build_spec(inv, vendor="nvidia.com", cls="gpu", name_strategies=NAME_STRATEGIES, hook_path=hook_path,
+    spec = build_spec(inv, vendor=CDI_VENDOR, cls=CDI_CLASS, name_strategies=NAME_STRATEGIES, hook_path=hook_path,
                       devices=targets)
     if host_driver_root is not None and os.path.normpath(host_driver_root) != os.path.normpath(inv.driver_root):
         _rebase_edits(spec.get("containerEdits", {}), inv.driver_root, host_driver_root)
@@ -74,5 +81,30 @@ def write(inv: Inventory, resources: Sequence[Resource], spec_dir: str, hook_pat
     spec = build(inv, targets, hook_path, host_driver_root)
     check_names(spec, resources)
     path = os.path.join(spec_dir, SPEC_FILE)
-    write_atomic(path, dumps(spec, "yaml").encode(), 0o644)
+    write_atomic(path, dumps(spec, "json").encode(), 0o644)
+    remove_old(spec_dir, hook_path)
     return path
+
+
+def remove_old(spec_dir: str, hook_path: str) -> None:
+    """Remove the nvidia.com/gpu spec an earlier gpuhook plugin wrote here (it would clash with a host spec of
+    that kind): only a regular file whose hooks run this plugin's `hook_path` with gpuhook's `cdi-hook`."""
+    path = os.path.join(spec_dir, OLD_SPEC_FILE)
+    try:
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > 1 << 20:
+            return
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError:
+        return
+    try:
+        spec = loads(text, path)
+    except Exception:  # noqa: BLE001 - not a spec we can read: not ours to remove
+        return
+    hooks = [h for h in (spec.get("containerEdits") or {}).get("hooks") or [] if isinstance(h, dict)] \
+        if isinstance(spec, dict) and isinstance(spec.get("containerEdits"), dict) else []
+    ours = any(h.get("path") == hook_path and "cdi-hook" in (h.get("args") or [])[1:2] for h in hooks)
+    if spec.get("kind") == "nvidia.com/gpu" and ours:
+        with contextlib.suppress(OSError):
+            os.unlink(path)

@@ -26,7 +26,7 @@ from gpuhook.model.inventory import Inventory
 from gpuhook.model.record import Record, field
 from gpuhook.plugin import cdispec, topology
 from gpuhook.plugin.cdiignored import CdiIgnoredWatch
-from gpuhook.plugin.devices import Options, Resource, plan
+from gpuhook.plugin.devices import CDI_STRATEGIES, Options, Resource, plan
 from gpuhook.plugin.devicespecs import DeviceSpecs
 from gpuhook.plugin.featurefile import FeatureFile
 from gpuhook.plugin.health import HealthConfig, HealthMonitor
@@ -135,7 +135,8 @@ class Plugin:
                 raise ConfigError(why)
             self._idle(why)
             return
-        if self.config.cdi_spec_dir is not None:
+        cdi_named = any(s in CDI_STRATEGIES for s in self.config.options.list_strategies)
+        if self.config.cdi_spec_dir is not None and cdi_named:  # as NVIDIA's: a spec only when Allocate names one
             self.spec_path = cdispec.write(inv, resources, self.config.cdi_spec_dir, self.config.hook_path,
                                            self.config.host_driver_root)
             log.info("wrote CDI spec %s", self.spec_path)
