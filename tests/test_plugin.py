@@ -583,6 +583,22 @@ def test_spec_host_paths_rebased_to_the_host_driver_root(fake_driver: Any, workd
     assert cdispec.rebase("/usr/lib/x", "/", "/run/nvidia/driver") == "/run/nvidia/driver/usr/lib/x"
 
 
+def test_spec_host_paths_with_a_dev_root_apart(fake_driver: Any, workdir: str) -> None:
+    """NVIDIA_DRIVER_ROOT=/run/nvidia/driver (a driver container) with NVIDIA_DEV_ROOT=/: mounts name the driver
+    root, device nodes the host's /dev."""
+    from gpuhook.plugin import cdispec
+    from gpuhook.plugin.devices import plan
+
+    inv = inventory(fake_driver)
+    path = cdispec.write(inv, plan(inv, Options()), os.path.join(workdir, "cdi"), "/usr/local/bin/gpuhook",
+                         "/run/nvidia/driver", "/")
+    spec = codec.read(path)
+    nodes = {n["hostPath"] for d in spec["devices"] for n in d["containerEdits"].get("deviceNodes", [])}
+    assert "/dev/nvidia0" in nodes and all(n.startswith("/dev/") for n in nodes)
+    mounts = spec["containerEdits"]["mounts"]
+    assert mounts and all(m["hostPath"].startswith("/run/nvidia/driver/") for m in mounts)
+
+
 def test_sighup_rediscovers_and_registers_again(fake_driver: Any, kubelet: TestKubelet, workdir: str) -> None:
     spec = os.path.join(workdir, "cdi", "k8s.device-plugin.nvidia.com-gpu.json")
     with PluginProcess(plugin_args(fake_driver, kubelet), os.path.join(workdir, "log")) as proc:

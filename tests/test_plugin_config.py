@@ -186,8 +186,10 @@ def cli_options(monkeypatch: pytest.MonkeyPatch, args: list[str], env: dict[str,
 
     def capture(cfg: Any, load: Any) -> None:
         seen["config"] = cfg
+        load()  # (load_inventory replaced: it records the roots the plugin would read)
 
     monkeypatch.setattr(cli, "serve_forever", capture)
+    monkeypatch.setattr(cli, "load_inventory", lambda *args: READ.__setitem__(0, args[:2]))
     result = CliRunner().invoke(cli.device_plugin, ["--hook-path", "/bin/true", *args], env=env)
     if result.exit_code != 0:
         return result
@@ -219,10 +221,44 @@ def test_defaults_without_file_or_environment(monkeypatch: pytest.MonkeyPatch) -
     assert cfg.host_driver_root is None
 
 
-def test_driver_roots_from_nvidia_names(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """NVIDIA_DRIVER_ROOT is the driver root as the runtime sees it (gpuhook's --host-driver-root)."""
-    cfg = cli_options(monkeypatch, ["--driver-root", "/driver-root"], {"NVIDIA_DRIVER_ROOT": "/run/nvidia/driver"})
-    assert cfg.host_driver_root == "/run/nvidia/driver"
+READ: list[Any] = [None]  # the (driver root, dev root) the last cli_options run would read
+
+
+@pytest.mark.parametrize(("args", "env", "read", "host"), [
+    # on the host itself (no /driver-root): read where the runtime finds it, nothing rebased
+    ([], {}, (None, None), (None, None)),
+    ([], {"NVIDIA_DRIVER_ROOT": "/run/nvidia/driver"}, ("/run/nvidia/driver", None), (None, None)),
+    (["--driver-root", "/run/nvidia/driver"], {"NVIDIA_DRIVER_ROOT": "/elsewhere"},  # the flag wins
+     ("/run/nvidia/driver", None), (None, None)),
+    # NVIDIA's chart: the host's root mounted at a path of the container's
+    ([], {"NVIDIA_DRIVER_ROOT": "/run/nvidia/driver", "DRIVER_ROOT_CTR_PATH": "{tmp}/mnt"},
+     ("{tmp}/mnt", "/"), ("/run/nvidia/driver", "/run/nvidia/driver")),
+    (["--nvidia-driver-root", "/", "--container-driver-root", "{tmp}/mnt"], {"NVIDIA_DEV_ROOT": "/"},
+     ("{tmp}/mnt", "/"), ("/", "/")),
+    (["--driver-root-ctr-path", "{tmp}/withdev"], {"CONTAINER_DRIVER_ROOT": "/ignored"},  # a dev folder: its nodes
+     ("{tmp}/withdev", "{tmp}/withdev"), ("/", "/")),
+])  # fmt: skip
+def test_driver_roots_mean_what_nvidia_means(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, args: list[str],
+                                             env: dict[str, str], read: tuple[Any, Any], host: tuple[Any, Any]
+                                             ) -> None:
+    """--driver-root/NVIDIA_DRIVER_ROOT and --dev-root/NVIDIA_DEV_ROOT are the host's roots (what the spec
+    names); --driver-root-ctr-path/DRIVER_ROOT_CTR_PATH is where this process reads the driver, its dev folder
+    read when it has one, else / (NVIDIA v0.20.0 plugin-manager.go, root.go)."""
+    (tmp_path / "mnt").mkdir()
+    (tmp_path / "withdev" / "dev").mkdir(parents=True)
+
+    def fill(value: Any) -> Any:
+        return value.replace("{tmp}", str(tmp_path)) if isinstance(value, str) else value
+
+    cfg = cli_options(monkeypatch, [fill(a) for a in args], {k: fill(v) for k, v in env.items()})
+    assert READ[0] == tuple(fill(v) for v in read)
+    assert (cfg.host_driver_root, cfg.host_dev_root) == host
+
+
+def test_the_old_host_driver_root_flag_names_its_replacement(monkeypatch: pytest.MonkeyPatch) -> None:
+    result = cli_options(monkeypatch, ["--host-driver-root", "/"], {})
+    assert result.exit_code == 2 and "--host-driver-root is now --driver-root" in result.output
+    assert "--driver-root-ctr-path" in result.output
 
 
 def test_bad_environment_is_one_usage_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ schema cannot say is checked here as NVIDIA's UnmarshalJSON methods do: `version
 `replicas >= 2`, `devices` as `all`, a count or a list of indices/UUIDs, the enums. Then v0.20's
 DisableResourceNamingInConfig is applied with its warnings: `resources` is ignored, a `rename` other than the
 default `<name>.shared` and a `devices` other than `all` are reset. Keys gpuhook cannot honour (MPS, IMEX
-channels, a separate device root, CDI annotation prefixes, the packed policy) are an error when set, never a
+channels, CDI annotation prefixes, the packed policy) are an error when set, never a
 silent difference; GFD's own section (`flags.gfd`) is checked and ignored, as NVIDIA's plugin ignores it.
 """
 
@@ -57,6 +57,7 @@ class FileConfig(Record):
     mig_strategy: str | None = None
     fail_on_init_error: bool | None = None
     host_driver_root: str | None = None  # NVIDIA's nvidiaDriverRoot: the driver root as the runtime sees it
+    host_dev_root: str | None = None  # NVIDIA's nvidiaDevRoot: the /dev root as the runtime sees it
     driver_root: str | None = None  # NVIDIA's plugin.containerDriverRoot: where this process reads it
     discovery: str | None = None
     pass_device_specs: bool | None = None
@@ -277,10 +278,8 @@ def _flags(flags: Mapping[str, Any], out: dict[str, Any], warnings: list[str]) -
         out["fail_on_init_error"] = flags["failOnInitError"]
     if flags.get("nvidiaDriverRoot"):
         out["host_driver_root"] = flags["nvidiaDriverRoot"]
-    dev_root = flags.get("nvidiaDevRoot")
-    if dev_root and dev_root != flags.get("nvidiaDriverRoot", "/"):
-        _unsupported("flags.nvidiaDevRoot", dev_root, "a device root apart from the driver root is not "
-                     "supported by gpuhook (device nodes are found under the driver root)")
+    if flags.get("nvidiaDevRoot"):
+        out["host_dev_root"] = flags["nvidiaDevRoot"]
     if flags.get("mpsRoot"):
         _unsupported("flags.mpsRoot", flags["mpsRoot"], "MPS is not supported by gpuhook's device plugin")
     out["gated_env"] = tuple(env for key, env in GATED_ENV.items() if flags.get(key))
