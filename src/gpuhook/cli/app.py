@@ -81,7 +81,7 @@ def cli() -> None:
 
 @cli.command()
 @root_options
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (stable, see README).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (stable, see docs/discovery.md).")
 def info(driver_root: str, dev_root: str | None, proc_root: str | None, discovery: str, as_json: bool) -> None:
     """What the host's driver offers: versions, GPUs, MIG devices, nodes and files per capability."""
     from gpuhook.model.report import format_inventory, topology_to_dict
