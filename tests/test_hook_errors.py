@@ -80,3 +80,22 @@ def test_a_broken_default_config_logs_to_the_default_log(tmp_path: Path) -> None
     gpu = bundle_state(tmp_path, ["NVIDIA_VISIBLE_DEVICES=all"], "gpu")
     code, line = prestart.handle(str(tmp_path / "c.toml"), lambda: gpu, 0.0, load=broken)
     assert code == 1 and line == f"gpuhook-hook: {tmp_path / 'c.toml'}: invalid TOML: x"
+
+
+def test_a_state_that_cannot_be_read_is_logged_where_the_config_says(tmp_path: Path) -> None:
+    """A state over the bound fails while it is read: the config is read first, so the line goes to its
+    log-file, never to the host's default log."""
+    from gpuhook.hook import prestart
+    from gpuhook.oci.bundle import BundleError
+
+    config = tmp_path / "config.toml"
+    config.write_text(f'log-file = "{tmp_path}/log"\n')
+
+    def too_big() -> bytes:
+        raise BundleError("OCI state on stdin is over 64 MiB")
+
+    before = host_snapshot(("/var/log/gpuhook.log",))
+    code, line = prestart.handle(str(config), too_big, 0.0)
+    assert (code, line) == (1, "gpuhook-hook: OCI state on stdin is over 64 MiB")
+    assert "? error: OCI state on stdin is over 64 MiB" in (tmp_path / "log").read_text()
+    assert host_snapshot(("/var/log/gpuhook.log",)) == before

@@ -126,3 +126,22 @@ def test_an_old_spec_that_is_not_ours_is_left_alone(fake_driver: Any, tmp_path: 
     nvidia_ctk_spec(fake_driver, spec_dir / cdispec.OLD_SPEC_FILE)  # another writer's, under that name
     gpuhook_plugin_spec(fake_driver, spec_dir)
     assert (spec_dir / cdispec.OLD_SPEC_FILE).exists()
+
+
+def test_doctor_counts_the_plugins_spec_as_the_runtimes_way_in(fake_driver: Any, tmp_path: Path) -> None:
+    """A Kubernetes node whose containerd reads CDI and has only the device plugin's spec: its pods get GPUs,
+    so doctor reports no PROBLEM for the runtime (the spec's kind is the plugin's, not nvidia.com/gpu)."""
+    from gpuhook.doctor import runtimes as rt
+    from gpuhook.doctor.model import PROBLEM
+
+    spec_dir = tmp_path / "run-cdi"
+    spec_dir.mkdir()
+    gpuhook_plugin_spec(fake_driver, spec_dir)
+    _, status = check_specs([str(spec_dir)], inventory(fake_driver))
+    config = tmp_path / "containerd.toml"
+    config.write_text(f'version = 2\n[plugins."io.containerd.grpc.v1.cri"]\nenable_cdi = true\n'
+                      f'cdi_spec_dirs = ["{spec_dir}"]\n')
+    paths = rt.Paths(containerd_config=str(config), spec_dirs=(str(spec_dir),))
+    found = rt.check_containerd((1, 7, 24), paths, status)
+    assert [f for f in found if f.status == PROBLEM] == []
+    assert any("k8s.device-plugin.nvidia.com/gpu=… from" in f.message for f in found)

@@ -26,7 +26,7 @@ from gpuhook.errors import GpuhookError
 from gpuhook.fileio.atomic import read_regular
 from gpuhook.fileio.tomlfile import tomllib
 from gpuhook.model import cdiignored, record
-from gpuhook.model.contract import CDI_IGNORED_RECORD, HOOK_PATH
+from gpuhook.model.contract import CDI_IGNORED_RECORD, HOOK_PATH, PLUGIN_CDI_KIND
 from gpuhook.model.record import Record
 from gpuhook.shim.runtime import has_gpuhook_hook
 
@@ -211,6 +211,9 @@ def _cdi_findings(label: str, dirs: Sequence[str], specs: SpecStatus, max_versio
             out.append(_f(OK, f"{label}: CDI devices nvidia.com/gpu=… from {path}"))
         else:
             out.append(_f(WARN, f"{label}: reads {path}, which is stale or unchecked (see CDI specs)"))
+    for path in specs.plugin_specs(dirs):  # written by the running device plugin for what it advertises
+        works = True
+        out.append(_f(OK, f"{label}: CDI devices {PLUGIN_CDI_KIND}=… from {path} (the device plugin's, for pods)"))
     return works, out
 
 

@@ -20,6 +20,7 @@ from gpuhook.cdi.names import DEFAULT_NAME_STRATEGIES
 from gpuhook.cdi.registry import Registry, scan, spec_files
 from gpuhook.cdi.spec import ALL_DEVICE, default_devices
 from gpuhook.doctor.model import INFO, OK, PROBLEM, WARN, Finding
+from gpuhook.model.contract import PLUGIN_CDI_KIND
 from gpuhook.model.edits import CDI_CAPABILITIES, common_edits, device_edits, merge_all
 from gpuhook.model.inventory import Gpu, Inventory, MigDevice
 from gpuhook.model.record import Record, field
@@ -47,6 +48,12 @@ class SpecStatus(Record, frozen=False):
         """Paths in `dirs` whose nvidia.com/gpu devices a runtime reading those dirs resolves."""
         reg = scan(dirs)
         return sorted({d.spec_path for name, d in reg.devices.items() if name.startswith(CDI_KIND + "=")})
+
+    def plugin_specs(self, dirs: Sequence[str]) -> list[str]:
+        """Paths in `dirs` whose device-plugin devices (k8s.device-plugin.nvidia.com/gpu, gpuhook's or NVIDIA's
+        plugin) a runtime reading those dirs resolves: how a Kubernetes node's pods get their GPUs."""
+        reg = scan(dirs)
+        return sorted({d.spec_path for name, d in reg.devices.items() if name.startswith(PLUGIN_CDI_KIND + "=")})
 
 
 def _nodes(items: Any) -> Nodes:

@@ -184,24 +184,23 @@ def handle(config_path: str | None, read_state: Callable[[], bytes], start: floa
     go to run (the service: fork or hand over there, its plan memo; its spare: the decision handed over). A
     BaseException that is no Exception (the service parent's word that a child took the start over) passes
     through, with nothing logged."""
-    from gpuhook.hook.config import DEFAULT_LOG
+    from gpuhook.hook.unreadconfig import fallback_log
 
-    log_file = DEFAULT_LOG
+    log_file = fallback_log(config_path)  # until the config says: the host's default log for the default file only
     state_text = b""
     line = ""
     try:
-        state_text = read_state()
         if load is None:
             from gpuhook.hook.config import load_config as load
-        try:
-            config = load(config_path)
-        except GpuhookError as exc:  # only a container that asks for a GPU fails with it (hook/unreadconfig)
-            from gpuhook.hook import unreadconfig
-
-            log_file = unreadconfig.fallback_log(config_path)
-            summary, code = without_config(state_text, exc), 0
-        else:
+        try:  # the config first, so that a state that cannot be read is logged where the config says
+            config, unread = load(config_path), None
             log_file = config.log_file
+        except GpuhookError as exc:  # only a container that asks for a GPU fails with it (hook/unreadconfig)
+            config, unread = None, exc
+        state_text = read_state()
+        if config is None:
+            summary, code = without_config(state_text, unread), 0
+        else:
             summary, code = run(state_text, config, before_inject, plan, decided), 0
     except Exception as exc:  # noqa: BLE001 - a bug still fails the start with one line, never a traceback
         from gpuhook.errors import render
