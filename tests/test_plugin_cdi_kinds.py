@@ -105,8 +105,7 @@ def test_gpuhook_plugin_replaces_nvidia_plugin_spec(fake_driver: Any, tmp_path: 
 
 def test_doctor_names_the_clash_an_older_plugin_spec_makes(fake_driver: Any, tmp_path: Path) -> None:
     """The clash this avoids, as doctor shows it: a plugin spec of kind nvidia.com/gpu (what gpuhook's plugin
-    wrote before) beside a host spec in one directory: one PROBLEM naming both files; the plugin removes its own
-    old file at its next start."""
+    wrote before) beside a host spec in one directory: one PROBLEM naming both files, not one per name."""
     spec_dir = tmp_path / "run-cdi"
     spec_dir.mkdir()
     nvidia_ctk_spec(fake_driver, spec_dir / "nvidia.yaml")
@@ -115,17 +114,19 @@ def test_doctor_names_the_clash_an_older_plugin_spec_makes(fake_driver: Any, tmp
     (clash,) = [f for f in findings if f.message.startswith("CDI name clash")]
     assert str(spec_dir / "nvidia.yaml") in clash.message and cdispec.OLD_SPEC_FILE in clash.message
     assert "nvidia.com/gpu=0" in clash.message and clash.status == "problem"
-    gpuhook_plugin_spec(fake_driver, spec_dir)
-    assert sorted(p.name for p in spec_dir.iterdir()) == ["k8s.device-plugin.nvidia.com-gpu.json", "nvidia.yaml"]
-    assert scan([str(spec_dir)]).conflicts == {}
 
 
-def test_an_old_spec_that_is_not_ours_is_left_alone(fake_driver: Any, tmp_path: Path) -> None:
+def test_the_host_refresh_units_spec_is_left_alone(fake_driver: Any, tmp_path: Path) -> None:
+    """runtime-config/systemd/gpuhook-cdi-refresh.service writes /var/run/cdi/nvidia.com-gpu.yaml, the name the
+    plugin once used: the plugin writes its own file beside it and both resolve."""
     spec_dir = tmp_path / "run-cdi"
     spec_dir.mkdir()
-    nvidia_ctk_spec(fake_driver, spec_dir / cdispec.OLD_SPEC_FILE)  # another writer's, under that name
-    gpuhook_plugin_spec(fake_driver, spec_dir)
-    assert (spec_dir / cdispec.OLD_SPEC_FILE).exists()
+    gpuhook_host_spec(fake_driver, spec_dir / "nvidia.com-gpu.yaml")
+    names = gpuhook_plugin_spec(fake_driver, spec_dir)
+    assert sorted(p.name for p in spec_dir.iterdir()) == ["k8s.device-plugin.nvidia.com-gpu.json",
+                                                          "nvidia.com-gpu.yaml"]
+    reg = scan([str(spec_dir)])
+    assert reg.conflicts == {} and set(names) <= set(reg.devices) and "nvidia.com/gpu=all" in reg.devices
 
 
 def test_doctor_counts_the_plugins_spec_as_the_runtimes_way_in(fake_driver: Any, tmp_path: Path) -> None:

@@ -7,14 +7,12 @@ a container, the driver root it reads (`--driver-root /driver-root`) is not wher
 
 from __future__ import annotations
 
-import contextlib
 import os
 import posixpath
-import stat
 from collections.abc import Sequence
 from typing import Any
 
-from gpuhook.cdi.codec import dumps, loads
+from gpuhook.cdi.codec import dumps
 from gpuhook.cdi.spec import build_spec
 from gpuhook.errors import ConfigError
 from gpuhook.model.inventory import Inventory
@@ -28,7 +26,9 @@ if TYPE_CHECKING:
 # /var/run/cdi: k8s-device-plugin v0.20.0 internal/cdi/cdi.go CreateSpecFile): a node moving from NVIDIA's
 # plugin has this one file replaced, never a second spec of the same kind beside it.
 SPEC_FILE = f"{CDI_VENDOR}-{CDI_CLASS}.json"
-# What gpuhook's plugin wrote before it had a kind of its own (nvidia.com/gpu): removed at start when it is ours.
+# What gpuhook's plugin wrote before it had a kind of its own (nvidia.com/gpu). Never removed: the host's
+# `generate-cdi --watch` unit writes a spec of that name too (runtime-config/systemd/gpuhook-cdi-refresh.service),
+# and nothing tells the two apart; doctor names the clash while both are there (/var/run/cdi is cleared at boot).
 OLD_SPEC_FILE = "nvidia.com-gpu.yaml"
 NAME_STRATEGIES = ("index", "uuid")
 
@@ -93,29 +93,5 @@ def write(inv: Inventory, resources: Sequence[Resource], spec_dir: str, hook_pat
     check_names(spec, resources)
     path = os.path.join(spec_dir, SPEC_FILE)
     write_atomic(path, dumps(spec, "json").encode(), 0o644)
-    remove_old(spec_dir, hook_path)
     return path
 
-
-def remove_old(spec_dir: str, hook_path: str) -> None:
-    """Remove the nvidia.com/gpu spec an earlier gpuhook plugin wrote here (it would clash with a host spec of
-    that kind): only a regular file whose hooks run this plugin's `hook_path` with gpuhook's `cdi-hook`."""
-    path = os.path.join(spec_dir, OLD_SPEC_FILE)
-    try:
-        st = os.lstat(path)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > 1 << 20:
-            return
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError:
-        return
-    try:
-        spec = loads(text, path)
-    except Exception:  # noqa: BLE001 - not a spec we can read: not ours to remove
-        return
-    hooks = [h for h in (spec.get("containerEdits") or {}).get("hooks") or [] if isinstance(h, dict)] \
-        if isinstance(spec, dict) and isinstance(spec.get("containerEdits"), dict) else []
-    ours = any(h.get("path") == hook_path and "cdi-hook" in (h.get("args") or [])[1:2] for h in hooks)
-    if spec.get("kind") == "nvidia.com/gpu" and ours:
-        with contextlib.suppress(OSError):
-            os.unlink(path)
