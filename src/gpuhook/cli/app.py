@@ -81,7 +81,7 @@ def cli() -> None:
 
 @cli.command()
 @root_options
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (stable, see README).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (stable, see docs/discovery.md).")
 def info(driver_root: str, dev_root: str | None, proc_root: str | None, discovery: str, as_json: bool) -> None:
     """What the host's driver offers: versions, GPUs, MIG devices, nodes and files per capability."""
     from gpuhook.model.report import format_inventory, topology_to_dict
@@ -127,6 +127,7 @@ def list_cmd(
         env.append(f"NVIDIA_DRIVER_CAPABILITIES={capabilities}")
     env += extra_env
     request = parse_request(env, privileged=True)
+    request = type(request)(**{**{n: getattr(request, n) for n in request._fields}, "source": "--devices"})
     if not request.wants_gpu_setup:
         if as_json:
             click.echo(json.dumps(edits_to_dict(ContainerEdits()), indent=2))

@@ -81,7 +81,7 @@ def _render_one(f: Finding) -> list[str]:
 @click.option("--runtime", "runtimes", multiple=True,
               type=click.Choice(["runc", "podman", "containerd", "crio", "docker", "none"]),
               help="Check these runtimes' configuration; repeatable [default: every one installed].")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable report (see README).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable report (see docs/doctor.md).")
 def doctor(driver_root: str | None, dev_root: str | None, proc_root: str | None, discovery: str,
            config_path: str | None, bundle: str | None, env: tuple[str, ...], annotations: tuple[str, ...],
            device_mounts: tuple[str, ...], privileged: bool, spec_dirs: tuple[str, ...], runtimes: tuple[str, ...],

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from gpuhook.model.request import Policy
 
 DEFAULT_PATH = "/etc/gpuhook/config.toml"
+DEFAULT_LOG = "/var/log/gpuhook.log"
 CONFIG_ENV = "GPUHOOK_CONFIG"  # names the file when no --config is given (the shim; the hook under docker --gpus)
 
 # attribute -> (type, default). `supported_capabilities` None = every capability gpuhook knows
@@ -31,7 +32,7 @@ _FIELDS: dict[str, tuple[type, Any]] = {
     "dev_root": (str, ""),  # empty: same as driver root
     "proc_root": (str, "/proc"),
     "ldconfig": (str, "@/sbin/ldconfig"),  # '@' = a path on the host, never the image's
-    "log_file": (str, "/var/log/gpuhook.log"),  # empty: no log
+    "log_file": (str, DEFAULT_LOG),  # empty: no log
     "accept_envvar_unprivileged": (bool, True),
     "accept_volume_mounts": (bool, False),  # NVIDIA: accept-nvidia-visible-devices-as-volume-mounts = false
     "disable_require": (bool, False),

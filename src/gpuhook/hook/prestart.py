@@ -13,6 +13,7 @@ import os
 import sys
 import time
 
+from gpuhook.errors import GpuhookError
 from gpuhook.hook.log import append_log
 from gpuhook.model import contract
 from gpuhook.oci.bundle import load_bundle, parse_state, read_stdin_state, state_id
@@ -170,6 +171,23 @@ def _inject(config: Config, decided: Decided, disposable: bool, via_fd: int | No
     return f"inject {decided.summary} cgroup={grant.version}"
 
 
+def without_config(state_text: bytes, error: GpuhookError) -> str:
+    """The log summary of a container that starts although its config could not be read (it asks for no GPU);
+    raises `error` for one that asks for a GPU, or whose state cannot be read."""
+    from gpuhook.errors import render
+    from gpuhook.hook import unreadconfig
+
+    try:
+        state = parse_state(state_text)
+        bundle = load_bundle(state.bundle)
+        gpu = unreadconfig.asks_for_gpu(bundle, {**bundle.annotations, **state.annotations})
+    except GpuhookError:
+        raise error from None
+    if gpu:
+        raise error
+    return f"{state.id} skip" + unreadconfig.note(render(error))
+
+
 def config_path_for(argv: list[str], config_env: str | None) -> str | None:
     """The config file a hook command line names: --config, else GPUHOOK_CONFIG (Docker's --gpus runs the hook
     with dockerd's environment and no --config), else None (the default file). SystemExit for a bad argv."""
@@ -190,16 +208,24 @@ def handle(config_path: str | None, read_state: Callable[[], bytes], start: floa
     BaseException that is no Exception (the service parent's word that a child took the start over) passes
     through, with nothing logged. `served`: who ran it, the log line's last field (`by=service`, or
     `by=in-process` with the native entry's reason for not asking the service: contract.SERVED_BY_ENV)."""
-    log_file = "/var/log/gpuhook.log"
+    from gpuhook.hook.unreadconfig import fallback_log
+
+    log_file = fallback_log(config_path)  # until the config says: the host's default log for the default file only
     state_text = b""
     line = ""
     try:
-        state_text = read_state()
         if load is None:
             from gpuhook.hook.config import load_config as load
-        config = load(config_path)
-        log_file = config.log_file
-        summary, code = run(state_text, config, before_inject, plan, decided), 0
+        try:  # the config first, so that a state that cannot be read is logged where the config says
+            config, unread = load(config_path), None
+            log_file = config.log_file
+        except GpuhookError as exc:  # only a container that asks for a GPU fails with it (hook/unreadconfig)
+            config, unread = None, exc
+        state_text = read_state()
+        if config is None:
+            summary, code = without_config(state_text, unread), 0
+        else:
+            summary, code = run(state_text, config, before_inject, plan, decided), 0
     except Exception as exc:  # noqa: BLE001 - a bug still fails the start with one line, never a traceback
         from gpuhook.errors import render
 

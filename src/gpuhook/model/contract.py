@@ -14,6 +14,10 @@ LEGACY_CUDA_VERSION = "CUDA_VERSION"  # set by CUDA images older than NVIDIA_VIS
 VOLUME_MOUNT_DIR = "/var/run/nvidia-container-devices"  # a /dev/null mount at <dir>/<id> requests <id>
 CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
 CDI_KIND = "nvidia.com/gpu"
+# The device plugin's CDI devices, a kind of their own (NVIDIA's plugin's: k8s-device-plugin v0.20.0,
+# cmd/nvidia-device-plugin/plugin-manager.go, cdi.WithVendor; class "gpu"), never the host spec's CDI_KIND.
+PLUGIN_CDI_VENDOR = "k8s.device-plugin.nvidia.com"
+PLUGIN_CDI_KIND = PLUGIN_CDI_VENDOR + "/gpu"
 # Datacenter devices, honoured only in a GPU container (NVIDIA's hook and its feature-gated modifier likewise skip
 # a container that asks for no GPU), so has_gpu_signal needs no clause for them.
 IMEX_CHANNELS = "NVIDIA_IMEX_CHANNELS"  # comma list of channel ids, channel<N>, or all

@@ -13,10 +13,8 @@ from gpuhook.model.cdiignored import seal
 from gpuhook.model.contract import CDI_DEVICES_MARKER, VISIBLE_DEVICES, VOLUME_MOUNT_DIR
 from gpuhook.model.record import Record
 from gpuhook.plugin import api_pb2 as pb
-from gpuhook.plugin.devices import REPLICA_SEP, Options, PluginDevice, annotation_key
+from gpuhook.plugin.devices import CDI_STRATEGIES, REPLICA_SEP, Options, PluginDevice, annotation_key
 from gpuhook.plugin.devicespecs import DeviceSpecs
-
-CDI_STRATEGIES = ("cdi-cri", "cdi-annotations")
 
 
 class AllocationError(ValueError):
