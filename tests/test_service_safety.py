@@ -45,10 +45,14 @@ def gpu_service(root_tmp: Path, fake_driver: Any) -> Iterator[Running]:
 # --- who is served ------------------------------------------------------------------------------------------------
 
 
-def test_a_peer_that_exited_before_it_was_pinned_is_declined_never_served_as_the_host(root_tmp: Path) -> None:
+def test_a_peer_that_exited_before_it_was_pinned_is_declined_never_served_as_the_host(
+        root_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The exit trick: a child connects, sends all but the last byte of a command that writes a host file, and
     exits; its parent, which shares the socket, sends the rest. The service cannot pin the process that connected
     (it is gone): it answers DECLINED and runs nothing, where it used to serve it in its own namespace."""
+    from gpuhook.discover import cache
+
+    monkeypatch.setattr(cache, "_WARM", None)  # keep_warm() is the service's: this test process gets it back off
     ran = root_tmp / "ran"
 
     def command(args: list[str], cwd: str, take: Any) -> tuple[int, str, bytes]:
