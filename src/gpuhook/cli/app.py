@@ -59,6 +59,7 @@ class LazyGroup(click.Group):
         "doctor": "gpuhook.cli.doctor:doctor",
         "system": "gpuhook.cli.system:system",
         "service": "gpuhook.cli.service:service",
+        "uninstall": "gpuhook.cli.uninstall:uninstall",
     }
 
     def list_commands(self, ctx: click.Context) -> list[str]:

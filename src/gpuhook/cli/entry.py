@@ -235,3 +235,32 @@ def install(path: str = DEFAULT_PATH, python: str | None = None, docker_gpus: bo
             write_atomic(target, text.encode(), 0o755)
             written.append(target)
     return written
+
+
+def uninstall(path: str = DEFAULT_PATH, docker_gpus: bool = False) -> list[str]:
+    """Remove what `install` wrote at `path` (the entry and its `.py`; with `docker_gpus` the same under NVIDIA's
+    name beside it): only files gpuhook wrote (is_ours), never a link or another program, nor the Debian
+    package's entry, which `apt-get remove gpuhook` owns. Returns what was removed."""
+    from gpuhook.errors import GpuhookError
+    from gpuhook.model.contract import PACKAGED_HOOK_PATH
+
+    targets = [os.path.abspath(path)] + ([docker_gpus_path(path)] if docker_gpus else [])
+    if PACKAGED_HOOK_PATH in targets and os.path.exists(PACKAGED_HOOK_PATH + FALLBACK_SUFFIX) and \
+            _packaged(PACKAGED_HOOK_PATH):
+        raise GpuhookError(f"{PACKAGED_HOOK_PATH} is the gpuhook Debian package's: `apt-get remove gpuhook` removes it")
+    removed: list[str] = []
+    for target in dict.fromkeys(targets):
+        for name in (target, target + FALLBACK_SUFFIX):
+            if is_ours(name):
+                os.unlink(name)
+                removed.append(name)
+    return removed
+
+
+def _packaged(path: str) -> bool:
+    """Whether dpkg lists `path` as the gpuhook package's."""
+    try:
+        with open("/var/lib/dpkg/info/gpuhook.list", encoding="utf-8", errors="replace") as f:
+            return path in (line.rstrip("\n") for line in f)
+    except OSError:
+        return False
