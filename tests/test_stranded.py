@@ -154,3 +154,25 @@ def test_runc_start_with_the_interpreter_gone(interpreter_gone: Path, tmp_path: 
     assert result.returncode != 0 and "started" not in result.stdout
     assert FIX in result.stderr
     assert os.path.exists(str(interpreter_gone) + ".py")
+
+
+def test_doctor_reports_a_stranded_entry(tmp_path: Path) -> None:
+    from gpuhook.doctor.entries import check_entries
+    from gpuhook.doctor.model import OK, PROBLEM
+
+    python = tmp_path / "venv" / "bin" / "python3"
+    python.parent.mkdir(parents=True)
+    python.symlink_to(sys.executable)
+    hook = tmp_path / "gpuhook-hook"
+    entry.install(str(hook), python=str(python))
+    (ok,) = check_entries([str(hook)])
+    assert ok.status == OK and str(hook) in ok.message
+    python.unlink()
+    (gone,) = check_entries([str(hook)])
+    assert gone.status == PROBLEM and f"its Python {python} is gone" in gone.message and gone.fix == FIX
+    script = tmp_path / "script-hook"
+    script.write_text(entry.entry_script(sys.executable, [str(tmp_path / "empty")]))
+    script.chmod(0o755)
+    (unimportable,) = check_entries([str(script)])
+    assert unimportable.status == PROBLEM and "gpuhook does not import" in unimportable.message
+    assert check_entries([str(tmp_path / "absent")]) == []
