@@ -189,9 +189,11 @@ if [ "$1" = purge ]; then
         deb-systemd-helper purge {units} >/dev/null || true
         deb-systemd-helper unmask {units} >/dev/null || true
     fi
-    # what gpuhook itself made at run time (never what the user configured: /etc/gpuhook, runtime configs and
-    # their backups, an entry `gpuhook hook install` wrote elsewhere)
-    rm -rf /run/gpuhook /var/cache/gpuhook
+    # what gpuhook itself made at run time at its default paths: the service socket, inventory cache and records,
+    # the hook's log (never what the user configured: /etc/gpuhook, runtime configs and their backups, an entry
+    # `gpuhook hook install` wrote elsewhere)
+    rm -rf /run/gpuhook
+    rm -f /var/log/gpuhook.log
     rmdir {prefix} 2>/dev/null || true
 fi
 exit 0

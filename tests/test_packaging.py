@@ -192,7 +192,11 @@ def test_deb_installs_starts_a_gpu_container_and_purges_clean(make_root: Any, fa
 
     root.run("apt-get remove -y -q gpuhook")
     assert not (root.path / "usr/bin/gpuhook").exists() and not (root.path / "usr/lib/gpuhook/lib").exists()
+    (root.path / "var/log/gpuhook.log").write_text("a start\n")  # the hook's default log: gpuhook's
+    (root.path / "run/gpuhook").mkdir()
+    (root.path / "run/gpuhook/inventory.json").write_text("{}")
     root.run("apt-get purge -y -q gpuhook")
+    assert not (root.path / "var/log/gpuhook.log").exists() and not (root.path / "run/gpuhook").exists()
     shutil.rmtree(root.path / "tmp/gpu")
     (root.path / "tmp" / deb.name).unlink()
     after = root.listing()
