@@ -16,6 +16,7 @@ import os
 import shlex
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -57,7 +58,7 @@ def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
          "packaging/build needs dpkg-deb and the `package` extra")
     out = tmp_path_factory.mktemp("dist")
     subprocess.run([str(REPO / "packaging" / "build"), "--out", str(out)], check=True,
-                   env={**os.environ, "GPUHOOK_BUILD_PYTHON": os.environ.get("GPUHOOK_BUILD_PYTHON", "")})
+                   env={**os.environ, "GPUHOOK_BUILD_PYTHON": sys.executable})
     return out
 
 
@@ -231,3 +232,26 @@ def test_wheel_in_a_venv_writes_the_native_entry_without_a_compiler(make_root: A
     plain = gpu_start(root, fake_driver, "/usr/local/bin/gpuhook-hook", ["PATH=/bin"])
     assert plain.returncode == 0, plain.stderr
     assert json.loads((root.path / "tmp/gpu/bundle/config.json").read_text())["hooks"]["prestart"]
+
+
+PYENV = Path("/root/.pyenv/versions")
+
+
+@pytest.mark.parametrize("minor", [9, 10, 11, 12, 13])
+def test_one_abi3_wheel_serves_every_python(dist: Path, tmp_path: Path, minor: int) -> None:
+    """The one cp39-abi3 wheel installs on CPython 3.9 to 3.13 as it is (nothing compiled: the venv's pip is
+    given no compiler on PATH), its C helper loads, and `hook install` writes the native entry from it."""
+    pythons = sorted(PYENV.glob(f"3.{minor}.*/bin/python3"))
+    need(bool(pythons), f"no CPython 3.{minor} under {PYENV}")
+    (wheel,) = dist.glob("gpuhook-*-cp39-abi3-manylinux_*_x86_64.whl")
+    venv = tmp_path / "venv"
+    subprocess.run([str(pythons[-1]), "-m", "venv", str(venv)], check=True)
+    no_cc = {**os.environ, "PATH": f"{venv}/bin:/usr/bin:/bin", "CC": "/nonexistent/cc"}
+    subprocess.run([str(venv / "bin/pip"), "install", "-q", "--only-binary=:all:", str(wheel)], check=True, env=no_cc)
+    probe = subprocess.run([str(venv / "bin/python"), "-c", "import gpuhook._native as n, sys; "
+                            "print(n.__file__, sys.version_info[:2])"], capture_output=True, text=True, check=True)
+    assert f"(3, {minor})" in probe.stdout
+    out = subprocess.run([str(venv / "bin/gpuhook"), "hook", "install", "--path", str(tmp_path / "hook")],
+                         capture_output=True, text=True, check=True, env=no_cc).stdout
+    assert "note:" not in out
+    assert (tmp_path / "hook").read_bytes()[:4] == b"\x7fELF"
