@@ -125,10 +125,11 @@ def make_root(tmp_path: Path, fake_driver: Any) -> Iterator[Any]:
     yield make
 
 
-def gpu_start(root: Root, fake: Any, hook: str, env: list[str],
-              work: str = "/tmp/gpu") -> subprocess.CompletedProcess[str]:
+def gpu_start(root: Root, fake: Any, hook: str, env: list[str], work: str = "/tmp/gpu",
+              service: bool = False) -> subprocess.CompletedProcess[str]:
     """One runc container in the root with `hook` at prestart on the simulated driver; its probe lists the
-    container's NVIDIA nodes and driver library mounts."""
+    container's NVIDIA nodes and driver library mounts. With `service`, the installed `gpuhook service` answers
+    the native entry, and the Python entry is moved away for the start, so that only the service can serve it."""
     host_work = root.path / work.lstrip("/")
     if host_work.exists():
         shutil.rmtree(host_work)
@@ -144,8 +145,13 @@ def gpu_start(root: Root, fake: Any, hook: str, env: list[str],
     bundle = make_bundle(host_work / "bundle", rootfs, ["sh", "-c", probe], env=env, hooks=hooks)
     assert os.path.relpath(rootfs, bundle) == "rootfs"
     cid = f"pkg-{os.getpid()}-{time.monotonic_ns() % 100000}"
-    return root.run(f"runc run --bundle {work}/bundle {cid}; rc=$?; runc delete -f {cid} 2>/dev/null; exit $rc",
-                    check=False, timeout=120)
+    start = f"runc run --bundle {work}/bundle {cid}; rc=$?; runc delete -f {cid} 2>/dev/null"
+    if service:
+        sock = f"{work}/no-service.sock"  # the socket the hook's environment names
+        start = (f"gpuhook service --config {work}/config.toml --socket {sock} 2>{work}/service.err & s=$!; i=0; "
+                 f"while [ ! -S {sock} ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; "
+                 f"mv {hook}.py {hook}.py.away; {start}; mv {hook}.py.away {hook}.py; kill $s; wait $s")
+    return root.run(f"{start}; exit $rc", check=False, timeout=120)
 
 
 def assert_gpu_container(result: subprocess.CompletedProcess[str]) -> None:
@@ -188,6 +194,9 @@ def test_deb_installs_starts_a_gpu_container_and_purges_clean(make_root: Any, fa
     root.run("apt-get install -y -q --reinstall /tmp/" + deb.name)  # the maintainer scripts are idempotent
 
     assert_gpu_container(gpu_start(root, fake_driver, "/usr/bin/gpuhook-hook", ["NVIDIA_VISIBLE_DEVICES=0"]))
+    assert_gpu_container(gpu_start(root, fake_driver, "/usr/bin/gpuhook-hook", ["NVIDIA_VISIBLE_DEVICES=0"],
+                                   service=True))
+    assert (root.path / "usr/bin/gpuhook-hook.py").exists()
     plain = gpu_start(root, fake_driver, "/usr/bin/gpuhook-hook", [])
     assert plain.returncode == 0 and plain.stdout.splitlines()[0] == "", plain.stderr
 
