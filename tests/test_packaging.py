@@ -119,10 +119,18 @@ def make_root(tmp_path: Path, fake_driver: Any) -> Iterator[Any]:
     need_tool("unshare")
     need_busybox()
 
+    made: list[Root] = []
+
     def make(release: str) -> Root:
-        return Root(release, tmp_path, (str(fake_driver.root),))
+        made.append(Root(release, tmp_path, (str(fake_driver.root),)))
+        return made[-1]
 
     yield make
+    # ~250 MB each: not kept in pytest's retained temp dirs (never while anything is still mounted below it)
+    for root in made:
+        with open("/proc/self/mountinfo") as f:
+            if not any(f" {root.path}/" in line or f" {root.path} " in line for line in f):
+                shutil.rmtree(root.path, ignore_errors=True)
 
 
 def gpu_start(root: Root, fake: Any, hook: str, env: list[str], work: str = "/tmp/gpu",
