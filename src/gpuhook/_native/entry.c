@@ -197,13 +197,104 @@ static void script_path(char *script, size_t size) {
     snprintf(script, size, "%s.py", self);
 }
 
+/* --- the Python entry cannot run (its #! interpreter or the entry itself is gone: Python upgraded, the venv
+ * deleted, gpuhook removed) ------------------------------------------------------------------------------------
+ * Nothing can plan this start, so a container that asks for a GPU must fail with one line naming the fix, and one
+ * that asks for none must start untouched, as it would have. Deciding that here is conservative: any sign that
+ * model/contract.has_gpu_signal or model/request.py could read as a request counts, whatever its value (an
+ * NVIDIA_* or CUDA_VERSION variable, a cdi.k8s.io/ annotation, a mount under nvidia-container-devices), as does
+ * anything that cannot be read (no bundle in the state, no config.json, one over MAX_DOCUMENT). The bundle's
+ * config.json is scanned as bytes for those strings, in bounded chunks; it is never parsed. A `cdi-hook` call comes
+ * from a CDI spec, which only a GPU device's injection runs, and a command (generate-cdi, --help) has no container:
+ * both always fail. tests/test_stranded.py checks the strings against model/contract.py. */
+static const char *const STRANDED_SIGNS[] = {
+    "\"NVIDIA_",                  /* an env entry "NVIDIA_…=…" (contract.VISIBLE_DEVICES and every other NVIDIA_*) */
+    "\"CUDA_VERSION=",            /* contract.LEGACY_CUDA_VERSION: a legacy CUDA image */
+    "\"cdi.k8s.io/",              /* contract.CDI_ANNOTATION_PREFIX */
+    "nvidia-container-devices",   /* contract.VOLUME_MOUNT_DIR's folder: a device requested by a mount */
+};
+#define STRANDED_OVERLAP 32 /* > the longest sign: one split between two chunks is still found */
+
+static int has_sign(const char *s, size_t n) {
+    for (size_t k = 0; k < sizeof STRANDED_SIGNS / sizeof *STRANDED_SIGNS; k++)
+        if (memmem(s, n, STRANDED_SIGNS[k], strlen(STRANDED_SIGNS[k]))) return 1;
+    return 0;
+}
+
+/* Whether the config.json of `bundle` shows any sign of a GPU request; 1 too when it cannot be read whole. */
+static int bundle_has_sign(const char *bundle) {
+    char path[PATH_MAX];
+    if ((size_t)snprintf(path, sizeof path, "%s/config.json", bundle) >= sizeof path) return 1;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) return 1;
+    static char chunk[STRANDED_OVERLAP + 65536];
+    size_t keep = 0, total = 0;
+    for (;;) {
+        ssize_t r = read(fd, chunk + keep, sizeof chunk - keep);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            close(fd);
+            return r < 0;
+        }
+        total += (size_t)r;
+        if (total > MAX_DOCUMENT || has_sign(chunk, keep + (size_t)r)) {
+            close(fd);
+            return 1;
+        }
+        size_t n = keep + (size_t)r;
+        keep = n < STRANDED_OVERLAP ? n : STRANDED_OVERLAP;
+        memmove(chunk, chunk + n - keep, keep);
+    }
+}
+
+/* Whether the state (its annotations) or the bundle named by any "bundle": "…" in it shows a sign of a GPU
+ * request; 1 when no bundle is named or a name uses an escape this does not decode (\uXXXX). */
+static int state_has_sign(const char *state, size_t len) {
+    if (has_sign(state, len)) return 1;
+    const char key[] = "\"bundle\"";
+    int found = 0;
+    for (size_t i = 0; i + sizeof key - 1 <= len; i++) {
+        if (memcmp(state + i, key, sizeof key - 1) != 0) continue;
+        size_t j = skip_space(state, len, i + sizeof key - 1);
+        if (j >= len || state[j] != ':') continue;
+        j = skip_space(state, len, j + 1);
+        if (j >= len || state[j] != '"') continue;
+        char bundle[PATH_MAX];
+        size_t n = 0;
+        for (j++; j < len && state[j] != '"'; j++) {
+            char c = state[j];
+            if (c == '\\') {
+                if (++j >= len || (state[j] != '\\' && state[j] != '"' && state[j] != '/')) return 1;
+                c = state[j];
+            }
+            if (c == 0 || n + 1 >= sizeof bundle) return 1;
+            bundle[n++] = c;
+        }
+        if (j >= len || n == 0) return 1;
+        bundle[n] = 0;
+        if (bundle_has_sign(bundle)) return 1;
+        found = 1;
+    }
+    return !found;
+}
+
+/* The Python entry `script` could not be exec'd (errno `err`): a container without a GPU request starts (exit 0,
+ * nothing said); anything else is one line naming the fix, exit 1. */
+static void stranded(char **argv, const char *state, size_t len, const char *script, int err) {
+    int always = !state || (argv[1] && !strcmp(argv[1], "cdi-hook"));
+    if (!always && !state_has_sign(state, len)) exit(0);
+    fprintf(stderr, "gpuhook-hook: cannot run the Python entry %s (%s): reinstall gpuhook, then run "
+            "`gpuhook hook install`%s\n", script, strerror(err), always ? "" : "; this GPU container cannot start");
+    exit(1);
+}
+
 static void fallback(char **argv, const char *state, size_t len, int rest) {
     char script[PATH_MAX];
     script_path(script, sizeof script);
     if (!getenv("GPUHOOK_SERVED_BY")) setenv("GPUHOOK_SERVED_BY", "in-process", 1);
     if (!state) {  /* --help, --version: stdin untouched */
         execv(script, argv);
-        fail("cannot run the Python entry", strerror(errno));
+        stranded(argv, NULL, 0, script, errno);
     }
     int fd = (int)syscall(SYS_memfd_create, "gpuhook-state", 0);
     if (fd < 0) fail("cannot keep the OCI state for the Python entry (memfd_create)", strerror(errno));
@@ -224,8 +315,7 @@ static void fallback(char **argv, const char *state, size_t len, int rest) {
     if (lseek(fd, 0, SEEK_SET) < 0 || dup2(fd, 0) < 0) fail("cannot hand the OCI state on", strerror(errno));
     close(fd);
     execv(script, argv);
-    fprintf(stderr, "gpuhook-hook: service not running and cannot run %s: %s\n", script, strerror(errno));
-    exit(1);
+    stranded(argv, state, len, script, errno);
 }
 
 /* $name in 1..limit-1 milliseconds, else `fallback_ms`. */

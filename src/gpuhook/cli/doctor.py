@@ -108,6 +108,9 @@ def doctor(driver_root: str | None, dev_root: str | None, proc_root: str | None,
     inv, found = host.check_host(roots, discovery)
     report.add(found)
     report.add(host.check_ldconfig(config.ldconfig))
+    from gpuhook.doctor.entries import check_entries
+
+    report.add(check_entries())
     flags = generate_flags(roots, discovery)
     dirs = tuple(spec_dirs or DEFAULT_SPEC_DIRS)
     found, status = specs.check_specs(dirs, inv, flags)

@@ -51,14 +51,16 @@ GENERATE_OPTIONS: tuple[Option, ...] = (
 
 
 def default_hook_path() -> str:
-    """What the spec's hooks call: the lean entry `gpuhook hook install` writes, when it is there (the install
-    prefix every shipped file names, and the fastest hook); else the installed `gpuhook`
+    """What the spec's hooks call: the lean entry `gpuhook hook install` writes, else the Debian package's, when
+    it is there (the install prefix every shipped file names, and the fastest hook); else the installed `gpuhook`
     (discover/executables.py). Absolute."""
     from gpuhook.discover.executables import gpuhook_executable
     from gpuhook.hook.installed import DEFAULT_PATH, is_ours
+    from gpuhook.model.contract import PACKAGED_HOOK_PATH
 
-    if is_ours(DEFAULT_PATH) and os.access(DEFAULT_PATH, os.X_OK):
-        return DEFAULT_PATH
+    for entry in (DEFAULT_PATH, PACKAGED_HOOK_PATH):  # `hook install`'s, then the Debian package's
+        if is_ours(entry) and os.access(entry, os.X_OK):
+            return entry
     found = gpuhook_executable()
     if found is None:
         raise CdiError(f"cannot find the gpuhook executable next to {sys.executable} or on PATH; pass --hook-path")

@@ -39,6 +39,7 @@ GATED_DEVICE_ENV: dict[str, str] = {
 CDI_DEVICES_MARKER = "GPUHOOK_CDI_DEVICES"
 # The PATH gpuhook's hooks are given (CDI specs, oci-hooks.d, runc's base spec) and where doctor looks for the
 # program `docker run --gpus` runs: systemd's default, which dockerd and containerd start with.
+PACKAGED_HOOK_PATH = "/usr/bin/gpuhook-hook"  # the Debian package's hook entry (packaging/build.py)
 HOOK_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
 LD_CONF_FILE = "/etc/ld.so.conf.d/00-gpuhook.conf"  # in a container: its injected ld folders (inject/ldcache.py)
 SERVICE_SOCKET = "/run/gpuhook/service.sock"  # `gpuhook service` and every client (entry.c's DEFAULT_SOCKET too)
