@@ -156,7 +156,8 @@ def gpu_start(root: Root, fake: Any, hook: str, env: list[str], work: str = "/tm
     start = f"runc run --bundle {work}/bundle {cid}; rc=$?; runc delete -f {cid} 2>/dev/null"
     if service:
         sock = f"{work}/no-service.sock"  # the socket the hook's environment names
-        start = (f"gpuhook service --config {work}/config.toml --socket {sock} 2>{work}/service.err & s=$!; i=0; "
+        start = (f"GPUHOOK_SERVICE_SOCKET={sock} gpuhook service --config {work}/config.toml "
+                 f"2>{work}/service.err & s=$!; i=0; "
                  f"while [ ! -S {sock} ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; "
                  f"mv {hook}.py {hook}.py.away; {start}; mv {hook}.py.away {hook}.py; kill $s; wait $s")
     return root.run(f"{start}; exit $rc", check=False, timeout=120)
