@@ -337,3 +337,28 @@ def test_a_config_that_still_moves_the_socket_says_what_to_do_instead(monkeypatc
     assert parse_config('service-socket = "/run/gpuhook/service.sock"\n').log_file == "/var/log/gpuhook.log"
     with pytest.raises(ConfigError, match=r"service-socket '/srv/s.sock' is no longer read: .*GPUHOOK_SERVICE_SOCKET"):
         parse_config('service-socket = "/srv/s.sock"\n')
+
+
+def test_the_socket_path_appears_only_once_the_service_listens(root_tmp: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Readiness is the path: a client that sees it can connect (bound and listening under a temporary name, then
+    renamed), never meets ECONNREFUSED in between; a stale socket of a dead service is replaced the same way."""
+    from gpuhook.service.server import bind_socket
+
+    path = root_tmp / "run" / "service.sock"
+    seen_at_listen: list[bool] = []
+    real_listen = socket.socket.listen
+
+    def listen(sock: socket.socket, *args: Any) -> None:
+        seen_at_listen.append(path.exists())
+        real_listen(sock, *args)
+
+    monkeypatch.setattr(socket.socket, "listen", listen)
+    for _ in range(2):  # the second time over the first one's socket file, nothing listening on it any more
+        listener = bind_socket(str(path))
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+            client.connect(str(path))
+        listener.close()
+    assert seen_at_listen == [False, True]  # the first: no path before listen; the second: the stale one
+    assert sorted(p.name for p in path.parent.iterdir()) == ["service.sock"]  # no temporary name left
+    assert (path.stat().st_mode & 0o777, path.parent.stat().st_mode & 0o777) == (0o600, 0o700)

@@ -187,7 +187,7 @@ def bind_socket(path: str) -> socket.socket:
             probe.connect(path)
             raise ServiceError(f"a service already listens on {path}")
         except (ConnectionRefusedError, FileNotFoundError):
-            os.unlink(path)
+            pass  # a dead service's: the new socket is renamed over it, so the path never goes missing
         finally:
             probe.close()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
