@@ -45,13 +45,18 @@ def _rebase_edits(edits: dict[str, Any], inside: str, outside: str) -> None:
                 item["hostPath"] = rebase(item["hostPath"], inside, outside)
 
 
-def build(inv: Inventory, targets: Sequence[Target], hook_path: str, host_driver_root: str | None) -> dict[str, Any]:
-    spec = build_spec(inv, vendor="nvidia.com", cls="gpu", name_strategies=NAME_STRATEGIES, hook_path=hook_path,
-                      devices=targets)
+def rebase_spec(spec: dict[str, Any], inv: Inventory, host_driver_root: str | None) -> None:
+    """Host paths of a spec built from `inv` as the runtime sees them, when its driver root differs (in place)."""
     if host_driver_root is not None and os.path.normpath(host_driver_root) != os.path.normpath(inv.driver_root):
         _rebase_edits(spec.get("containerEdits", {}), inv.driver_root, host_driver_root)
         for device in spec["devices"]:
             _rebase_edits(device["containerEdits"], inv.driver_root, host_driver_root)
+
+
+def build(inv: Inventory, targets: Sequence[Target], hook_path: str, host_driver_root: str | None) -> dict[str, Any]:
+    spec = build_spec(inv, vendor="nvidia.com", cls="gpu", name_strategies=NAME_STRATEGIES, hook_path=hook_path,
+                      devices=targets)
+    rebase_spec(spec, inv, host_driver_root)
     return spec
 
 
