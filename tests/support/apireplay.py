@@ -76,6 +76,7 @@ class ApiReplay:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # headers and body are two writes: no 40 ms delayed-ACK stall
 
             def _do(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
