@@ -72,6 +72,27 @@ def _pod(name: str, claim: str) -> dict[str, Any]:
                      "resourceClaims": [{"name": "gpus", "resourceClaimName": claim}]}}
 
 
+DOC_PATHS = {  # kind -> collection path, for what docs/dra.md's examples hold
+    "ResourceClaimTemplate": "/apis/resource.k8s.io/v1/namespaces/default/resourceclaimtemplates",
+    "ResourceClaim": CLAIMS,
+    "Pod": PODS,
+}
+
+
+def _docs_examples_accepted(plane: Any) -> list[str]:
+    """Every object in docs/dra.md's yaml blocks, created with dryRun=All: the API server compiles their CEL and
+    checks them against its schema, and keeps nothing."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / "dra.md").read_text()
+    checked = []
+    for block in text.split("```yaml\n")[1:]:
+        for doc in yaml.safe_load_all(block.split("```", 1)[0]):
+            kind = doc["kind"]
+            plane.ok("POST", f"{DOC_PATHS[kind]}?dryRun=All", doc)
+            checked.append(f"{kind} {doc['metadata']['name']}")
+    assert len(checked) >= 4, checked
+    return checked
+
+
 class DriverProcess:
     """`gpuhook dra-plugin` as the DaemonSet runs it (root), restartable; its sockets world-writable (umask 0) so
     the kubelet, an unprivileged user outside its namespace, can dial them."""
@@ -170,6 +191,9 @@ def _scenario(plane: Any, node: Any, driver: DriverProcess, cdi_dir: Path, start
     assert sorted(devices) == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
     plane.wait("the kubelet to register the driver", lambda: "registered with the kubelet" in driver.log(), 60)
     say("the kubelet registered the driver")
+
+    checked = _docs_examples_accepted(plane)
+    say(f"docs/dra.md's examples accepted by the API server (dry run): {', '.join(checked)}")
 
     for n in (1, 2, 3):
         plane.ok("POST", CLAIMS, _claim(f"pair-{n}"))
