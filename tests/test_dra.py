@@ -333,27 +333,53 @@ def test_api_errors_are_the_claims_error(rig: Rig) -> None:
     assert rig.spec_files() == [] and rig.checkpoint() == {}
 
 
-def test_a_device_that_vanishes_is_withdrawn_and_refused(fake_driver_factory: Any, replay: ApiReplay) -> None:
+def test_a_device_that_vanishes_is_withdrawn_refused_and_back_when_it_returns(fake_driver_factory: Any,
+                                                                              replay: ApiReplay) -> None:
+    import threading
+
     root = Path(short_tempdir("dra"))
     fake = fake_driver_factory(gpus=4, nvlink="bridge", fresh=True)
     r = Rig(root, fake, replay)
+    node = fake.root / "dev" / "nvidia1"
+    saved = os.stat(node)
+    thread = None
     try:
         replay.add("slice-created", method="PUT", path="/apis/resource.k8s.io/v1/resourceslices/node1-gpu.nvidia.com")
         replay.add("claim-allocated")
         kubelet = r.start()
-        assert r.driver is not None and r.driver.publisher.wait_published(10)
-        os.unlink(fake.root / "dev" / "nvidia1")
-        deadline = time.monotonic() + 10
-        while (1, -1) not in r.driver.board.unhealthy and time.monotonic() < deadline:
-            time.sleep(0.05)
+        assert r.driver is not None
+        thread = threading.Thread(target=r.driver.run, daemon=True)  # the loop that republishes on health changes
+        thread.start()
+
+        def written() -> list[list[str]]:
+            return [[d["name"] for d in s.body["spec"]["devices"]] for s in replay.requests()
+                    if s.method in ("POST", "PUT") and "resourceslices" in s.path]
+
+        def wait_for(names: list[str]) -> None:
+            deadline = time.monotonic() + 10
+            while (not written() or written()[-1] != names) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert written()[-1] == names, written()
+
+        wait_for(["gpu-0", "gpu-1", "gpu-2", "gpu-3"])
+        os.unlink(node)
+        wait_for(["gpu-0", "gpu-2", "gpu-3"])  # withdrawn from the slice
         error = kubelet.prepare(("default", CLAIM_UID, "pair")).claims[CLAIM_UID].error
-        assert "device gpu-1 is unhealthy (device node" in error
-        assert r.spec_files() == []
-        r.driver.publisher.changed()  # the run loop does this on a health change; here the test drives it
-        assert r.driver.publisher.wait_published(10)
-        written = [s.body for s in replay.requests() if s.method in ("POST", "PUT") and "resourceslices" in s.path]
-        assert [d["name"] for d in written[-1]["spec"]["devices"]] == ["gpu-0", "gpu-2", "gpu-3"]
+        assert "device gpu-1 is unhealthy (device node" in error and "missing" in error
+        assert r.spec_files() == [] and r.checkpoint() == {}
+        os.mknod(node, saved.st_mode, saved.st_rdev)
+        wait_for(["gpu-0", "gpu-1", "gpu-2", "gpu-3"])  # back once its node is
+        generations = [s.body["spec"]["pool"]["generation"] for s in replay.requests()
+                       if s.method in ("POST", "PUT") and "resourceslices" in s.path]
+        assert len(generations) >= 3 and generations == sorted(set(generations))  # one new generation per change
     finally:
+        if not node.exists():
+            os.mknod(node, saved.st_mode, saved.st_rdev)
+        if r.driver is not None:
+            r.driver.request_stop()
+        if thread is not None:
+            thread.join(5)
+        r.driver = None if thread is not None else r.driver  # run() shut it down
         r.stop()
         shutil.rmtree(root, ignore_errors=True)
 
