@@ -92,6 +92,82 @@ def oci_archive(path: Path, name: str, busybox: str, cmd: list[str]) -> Path:
     return path
 
 
+# -- containerd 1.7 with CRI and CDI ----------------------------------------------------------------------------
+def write_containerd_config(root: Path, socket: Path, cdi_dir: Path, uid: int = 0, gid: int = 0) -> Path:
+    """`root`/containerd.toml: everything under `root`, the CRI on with CDI from `cdi_dir`, the native
+    snapshotter, the host's runc, the pause image made here; the socket owned by `uid`:`gid`."""
+    runc = shutil.which("runc") or "/usr/sbin/runc"
+    config = root / "containerd.toml"
+    config.write_text(f"""version = 2
+root = "{root}/containerd/root"
+state = "{root}/containerd/state"
+[grpc]
+  address = "{socket}"
+  uid = {uid}
+  gid = {gid}
+[ttrpc]
+  address = "{socket}.ttrpc"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{root}/containerd/opt"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{PAUSE_IMAGE}"
+  enable_cdi = true
+  cdi_spec_dirs = ["{cdi_dir}"]
+  disable_apparmor = true
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "native"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        BinaryName = "{runc}"
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{root}/cni/bin"
+    conf_dir = "{root}/cni/conf"
+""")
+    return config
+
+
+def import_images(root: Path, ctr: list[str]) -> None:
+    """The pause and workload images, made from busybox-static and imported into the k8s.io namespace."""
+    busybox = shutil.which("busybox") or "/bin/busybox"
+    oci_archive(root / "pause.tar", PAUSE_IMAGE, busybox,
+                ["/bin/sh", "-c", "trap 'exit 0' TERM INT; while :; do sleep 1; done"])
+    oci_archive(root / "busybox.tar", BUSYBOX_IMAGE, busybox, ["/bin/sh"])
+    for archive in ("pause.tar", "busybox.tar"):
+        out = subprocess.run([*ctr, "images", "import", str(root / archive)], capture_output=True, text=True,
+                             timeout=60, check=False)
+        assert out.returncode == 0, f"ctr images import {archive}: {out.stderr}"
+
+
+@contextlib.contextmanager
+def cri_containerd(root: Path, cdi_dir: Path, containerd_tree: Path) -> Iterator[tuple[Path, list[str]]]:
+    """containerd 1.7 as root in the host's namespaces, everything of its own under `root`, its CRI on with CDI;
+    yields (socket, ctr argv). Every container is killed and removed, and the cgroups it made, when it stops."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "containerd").mkdir(exist_ok=True)
+    socket = root / "containerd" / "containerd.sock"
+    config = write_containerd_config(root, socket, cdi_dir)
+    before = _cgroups()
+    env = {"PATH": f"{containerd_tree}/usr/bin:" + os.environ.get("PATH", "/usr/bin:/bin")}
+    ctr = [str(containerd_tree / "usr/bin/ctr"), "--address", str(socket), "-n", "k8s.io"]
+    try:
+        with daemon_process([str(containerd_tree / "usr/bin/containerd"), "--config", str(config)], env, root,
+                            "containerd.log") as proc:
+            wait_ready(proc, lambda: subprocess.run([*ctr, "version"], capture_output=True, timeout=10,
+                                                    check=False).returncode == 0,
+                       "containerd", root / "containerd.log", 30)
+            try:
+                import_images(root, ctr)
+                yield socket, ctr
+            finally:
+                stop_tasks(ctr)
+    finally:
+        _remove_cgroups(before)
+
+
 # -- the node -------------------------------------------------------------------------------------------------
 class Node:
     def __init__(self, root: Path, name: str, holder: int, ctr: list[str], kubelet_dir: Path) -> None:
@@ -132,38 +208,7 @@ def kubelet_node(root: Path, plane: ControlPlane, name: str, cdi_dir: Path, cont
     os.chown(root / "kubelet-pki", uid, gid)
     os.chmod(root, 0o755)
     socket = root / "containerd" / "containerd.sock"
-    runc = shutil.which("runc") or "/usr/sbin/runc"
-    (root / "containerd.toml").write_text(f"""version = 2
-root = "{root}/containerd/root"
-state = "{root}/containerd/state"
-[grpc]
-  address = "{socket}"
-  uid = {uid}
-  gid = {gid}
-[ttrpc]
-  address = "{socket}.ttrpc"
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "{PAUSE_IMAGE}"
-  enable_cdi = true
-  cdi_spec_dirs = ["{cdi_dir}"]
-  disable_apparmor = true
-  restrict_oom_score_adj = true
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "native"
-    default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        BinaryName = "{runc}"
-        SystemdCgroup = false
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "{root}/cni/bin"
-    conf_dir = "{root}/cni/conf"
-""")
-    busybox = shutil.which("busybox") or "/bin/busybox"
-    oci_archive(root / "pause.tar", PAUSE_IMAGE, busybox,
-                ["/bin/sh", "-c", "trap 'exit 0' TERM INT; while :; do sleep 1; done"])
-    oci_archive(root / "busybox.tar", BUSYBOX_IMAGE, busybox, ["/bin/sh"])
+    write_containerd_config(root, socket, cdi_dir, uid, gid)
     port, healthz = free_port(), free_port()
     (root / "resolv.conf").write_text("nameserver 127.0.0.1\n")
     (root / "kubelet.yaml").write_text(json.dumps({
@@ -215,11 +260,8 @@ state = "{root}/containerd/state"
         wait_ready(containerd, lambda: subprocess.run([*ctr, "version"], capture_output=True, timeout=10,
                                                       check=False).returncode == 0,
                    "containerd", root / "containerd.log", 30)
-        stack.callback(_stop_tasks, ctr)  # after the kubelet stops, before containerd does: no shim outlives it
-        for archive in ("pause.tar", "busybox.tar"):
-            out = subprocess.run([*ctr, "images", "import", str(root / archive)], capture_output=True, text=True,
-                                 timeout=60, check=False)
-            assert out.returncode == 0, f"ctr images import {archive}: {out.stderr}"
+        stack.callback(stop_tasks, ctr)  # after the kubelet stops, before containerd does: no shim outlives it
+        import_images(root, ctr)
         # the kubelet: in the namespace (user and mount)
         kubelet = stack.enter_context(daemon_process(
             ["nsenter", f"--user=/proc/{holder.pid}/ns/user", f"--mount=/proc/{holder.pid}/ns/mnt",
@@ -237,7 +279,7 @@ state = "{root}/containerd/state"
             _remove_cgroups(before)
 
 
-def _stop_tasks(ctr: list[str]) -> None:
+def stop_tasks(ctr: list[str]) -> None:
     """Kill and delete every container's task (their shims then exit), then the containers."""
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([*ctr, *args], capture_output=True, text=True, timeout=30, check=False)
