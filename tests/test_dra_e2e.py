@@ -250,3 +250,4 @@ def _scenario(plane: Any, node: Any, driver: DriverProcess, cdi_dir: Path, start
     plane.wait("pair-1's spec removed", lambda: not spec.exists(), 30)
     assert f"unprepared {uid1}" in driver.log()
     say("p1 deleted: the kubelet unprepared pair-1 and its CDI spec is gone")
+    print("--- the driver's log\n" + driver.log(), flush=True)

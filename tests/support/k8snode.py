@@ -10,7 +10,8 @@
   temp dir (so the DRA driver, outside, sees plugins_registry/ and plugins/);
 - a pause image and a workload image made here from busybox-static (an OCI archive, `ctr images import`): no
   registry is reachable and none is asked.
-Pods run with hostNetwork (there is no CNI). Everything is stopped by PID; the cgroups containerd made are removed.
+Pods run with hostNetwork (there is no CNI). Everything is stopped by PID; the cgroups runc made for our
+containers are removed.
 """
 
 from __future__ import annotations
@@ -150,22 +151,18 @@ def cri_containerd(root: Path, cdi_dir: Path, containerd_tree: Path) -> Iterator
     (root / "containerd").mkdir(exist_ok=True)
     socket = root / "containerd" / "containerd.sock"
     config = write_containerd_config(root, socket, cdi_dir)
-    before = _cgroups()
     env = {"PATH": f"{containerd_tree}/usr/bin:" + os.environ.get("PATH", "/usr/bin:/bin")}
     ctr = [str(containerd_tree / "usr/bin/ctr"), "--address", str(socket), "-n", "k8s.io"]
-    try:
-        with daemon_process([str(containerd_tree / "usr/bin/containerd"), "--config", str(config)], env, root,
-                            "containerd.log") as proc:
-            wait_ready(proc, lambda: subprocess.run([*ctr, "version"], capture_output=True, timeout=10,
-                                                    check=False).returncode == 0,
-                       "containerd", root / "containerd.log", 30)
-            try:
-                import_images(root, ctr)
-                yield socket, ctr
-            finally:
-                stop_tasks(ctr)
-    finally:
-        _remove_cgroups(before)
+    with daemon_process([str(containerd_tree / "usr/bin/containerd"), "--config", str(config)], env, root,
+                        "containerd.log") as proc:
+        wait_ready(proc, lambda: subprocess.run([*ctr, "version"], capture_output=True, timeout=10,
+                                                check=False).returncode == 0,
+                   "containerd", root / "containerd.log", 30)
+        try:
+            import_images(root, ctr)
+            yield socket, ctr
+        finally:
+            stop_tasks(ctr)
 
 
 # -- the node -------------------------------------------------------------------------------------------------
@@ -179,20 +176,15 @@ class Node:
         return subprocess.run([*self._ctr, *args], capture_output=True, text=True, timeout=timeout, check=False)
 
 
-def _cgroups() -> set[Path]:
-    out: set[Path] = set()
+def remove_cgroups(ids: list[str]) -> None:
+    """The cgroups runc made for our containers (cgroupfs: <controller>/k8s.io/<id>), once they are empty; only
+    those, so another containerd's on the same host is never touched."""
     if not CGROUP_V1.is_dir():
-        return out
+        return
     for controller in CGROUP_V1.iterdir():
-        if controller.is_dir() and not controller.is_symlink():
-            out.update(p for p in controller.rglob("*") if p.is_dir())
-    return out
-
-
-def _remove_cgroups(before: set[Path]) -> None:
-    for path in sorted(_cgroups() - before, key=lambda p: len(p.parts), reverse=True):
-        with contextlib.suppress(OSError):
-            path.rmdir()
+        for cid in ids:
+            with contextlib.suppress(OSError):
+                (controller / "k8s.io" / cid).rmdir()
 
 
 @contextlib.contextmanager
@@ -228,7 +220,6 @@ def kubelet_node(root: Path, plane: ControlPlane, name: str, cdi_dir: Path, cont
     }))
     node_config = kubeconfig(root / "kubelet.kubeconfig", plane.server, plane.node_token)
     os.chmod(node_config, 0o644)
-    before = _cgroups()
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
     # The namespace: created by nobody (root inside), held by a sleep. The tmpfs over /var/lib and /var/log is
     # mounted by the real root (a tmpfs mounted inside the user namespace would refuse containerd's files, whose
@@ -272,15 +263,11 @@ def kubelet_node(root: Path, plane: ControlPlane, name: str, cdi_dir: Path, cont
         node = Node(root, name, holder.pid, ctr, kubelet_dir)
         plane.wait("the kubelet to register its node", lambda: plane.request("GET", f"/api/v1/nodes/{name}")[0] == 200
                    or (kubelet.poll() is not None and _fail(root / "kubelet.log")), 90, 0.5)
-        try:
-            yield node
-        finally:
-            stack.close()
-            _remove_cgroups(before)
+        yield node
 
 
 def stop_tasks(ctr: list[str]) -> None:
-    """Kill and delete every container's task (their shims then exit), then the containers."""
+    """Kill and delete every container's task (their shims then exit), then the containers and their cgroups."""
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([*ctr, *args], capture_output=True, text=True, timeout=30, check=False)
 
@@ -293,8 +280,10 @@ def stop_tasks(ctr: list[str]) -> None:
             if run("tasks", "ls", "-q").stdout.split().count(task) == 0:
                 break
             time.sleep(0.1)
-    for container in run("containers", "ls", "-q").stdout.split():
+    containers = run("containers", "ls", "-q").stdout.split()
+    for container in containers:
         run("containers", "rm", container)
+    remove_cgroups(containers)
 
 
 def _fail(log: Path) -> bool:
