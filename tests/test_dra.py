@@ -296,6 +296,23 @@ def test_prepare_is_idempotent_and_survives_a_restart(rig: Rig) -> None:
     assert kubelet.unprepare(("default", CLAIM_UID, "pair")).claims[CLAIM_UID].error == ""
 
 
+def test_time_slicing_puts_the_claims_gpus_in_compute_mode_default(rig: Rig) -> None:
+    rig.replay.add("claim-allocated")  # its config: GpuConfig, sharing.strategy TimeSlicing
+    for gpu in range(4):
+        rig.fake.set_compute_mode(gpu, 3)  # EXCLUSIVE_PROCESS: a second pod's process would be refused
+    assert len(_ids(rig.start().prepare(("default", CLAIM_UID, "pair")), CLAIM_UID)) == 2
+    assert [rig.fake.compute_mode(g) for g in range(4)] == [0, 0, 3, 3]  # the claim's two, through NVML
+
+
+def test_a_compute_mode_nvml_refuses_is_the_claims_error(rig: Rig) -> None:
+    rig.replay.add("claim-allocated")
+    rig.fake.set_compute_mode(0, 3)
+    rig.fake.set_compute_mode_denied()
+    error = rig.start().prepare(("default", CLAIM_UID, "pair")).claims[CLAIM_UID].error
+    assert "time-slicing:" in error and "NVML refused the compute mode" in error and "\n" not in error
+    assert rig.spec_files() == [] and rig.checkpoint() == {}
+
+
 def test_a_v1beta1_kubelet_is_served_too(rig: Rig) -> None:
     rig.replay.add("claim-allocated")
     kubelet = rig.start(versions=("v1beta1.DRAPlugin",))

@@ -589,6 +589,44 @@ API nvmlReturn_t nvmlDeviceGetArchitecture(nvmlDevice_t device, unsigned int *ar
     return NVML_SUCCESS;
 }
 
+/* Compute mode, kept per GPU in the control file compute-mode-<index> (absent: 0, DEFAULT); with the control
+ * file compute-mode-denied, setting it answers NO_PERMISSION (as for a caller without root). */
+API nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t device, int *mode)
+{
+    RESOLVE_GPU(device, g);
+    if (mode == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    char name[64], p[PATH_MAX];
+    snprintf(name, sizeof name, "compute-mode-%u", g->index);
+    control_path(p, sizeof p, name);
+    *mode = 0;
+    FILE *f = fopen(p, "r");
+    if (f != NULL) {
+        if (fscanf(f, "%d", mode) != 1)
+            *mode = 0;
+        fclose(f);
+    }
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceSetComputeMode(nvmlDevice_t device, int mode)
+{
+    RESOLVE_GPU(device, g);
+    if (mode < 0 || mode > 3 || mode == 1)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (control_exists("compute-mode-denied"))
+        return NVML_ERROR_NO_PERMISSION;
+    char name[64], p[PATH_MAX];
+    snprintf(name, sizeof name, "compute-mode-%u", g->index);
+    control_path(p, sizeof p, name);
+    FILE *f = fopen(p, "w");
+    if (f == NULL)
+        return NVML_ERROR_UNKNOWN;
+    fprintf(f, "%d\n", mode);
+    fclose(f);
+    return NVML_SUCCESS;
+}
+
 /* Only where GPU memory is itself a NUMA node (Grace Hopper); an x86 H100 says no.
  * The GPU's CPU-side NUMA node comes from sysfs or nvmlDeviceGetMemoryAffinity. */
 API nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t device, unsigned int *node)
