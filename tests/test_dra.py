@@ -401,6 +401,38 @@ def test_a_device_that_vanishes_is_withdrawn_refused_and_back_when_it_returns(fa
         shutil.rmtree(root, ignore_errors=True)
 
 
+def test_devices_that_appear_are_published_after_rediscovery(fake_driver_factory: Any, replay: ApiReplay) -> None:
+    """SIGHUP (or a new driver version) discovers again: the slice follows, with a new generation."""
+    import threading
+
+    root = Path(short_tempdir("dra"))
+    fakes = {"now": fake_driver_factory(gpus=2, nvlink="bridge")}
+    r = Rig(root, fakes["now"], replay)
+    thread = None
+    try:
+        r.driver = Driver(r.config, lambda: inventory(fakes["now"]), Api(server=replay.url))
+        r.driver.start()
+        assert r.driver.publisher.wait_published(10)
+        thread = threading.Thread(target=r.driver.run, daemon=True)
+        thread.start()
+        fakes["now"] = fake_driver_factory(gpus=4, nvlink="bridge")  # two GPUs more
+        r.driver.request_reload()
+        deadline = time.monotonic() + 10
+        posts: list[Any] = []
+        while len(posts) < 2 and time.monotonic() < deadline:
+            posts = replay.requests("POST", "/apis/resource.k8s.io/v1/resourceslices")
+            time.sleep(0.05)
+        assert [len(p.body["spec"]["devices"]) for p in posts] == [2, 4]
+        assert [p.body["spec"]["pool"]["generation"] for p in posts] == [1, 2]
+    finally:
+        if r.driver is not None:
+            r.driver.request_stop()
+        if thread is not None:
+            thread.join(5)
+        r.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
 # -- ResourceSlice publication -------------------------------------------------------------------------------
 def _publisher(replay: ApiReplay, entries: list[dict[str, Any]]) -> publish.Publisher:
     return publish.Publisher(Api(server=replay.url), NODE, lambda: entries)

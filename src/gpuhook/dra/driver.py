@@ -105,20 +105,30 @@ class Driver:
         return timeslice.apply(self._nvml_library(self.inventory) if self.inventory else None, gpus)
 
     def discover(self) -> None:
-        """(Re)discover: new devices, a new health monitor over them, a new slice."""
-        inv = self.load_inventory()
-        found = dra_devices.build(inv, self.config.sys_root)
+        """(Re)discover: new devices, a new health monitor over them, a new slice. The old monitor stops first:
+        it holds this process's NVML, which discovery's child needs (as the device plugin's reload does)."""
         if self.monitor is not None:
             self.monitor.stop()
+            self.monitor = None
+        try:
+            inv = self.load_inventory()
+            found = dra_devices.build(inv, self.config.sys_root)
+        except GpuhookError:
+            if self.inventory is not None:
+                self._monitor(self.inventory, self.devices)  # the last devices stay watched
+            raise
         self.board.unhealthy = {}  # the monitor of the new devices says again what is wrong
         self.inventory, self.devices = inv, found
         self.preparer.set_devices(inv, found)
-        library = self._nvml_library(inv) if self.config.health.enabled else None
-        self.monitor = HealthMonitor(inv, found, self.board, self.config.health, library)  # type: ignore[arg-type]
-        self.monitor.start()
+        self._monitor(inv, found)
         self.driver_version = self._read_driver_version()
         log.info("%d device(s): %s", len(found), ", ".join(d.name for d in found) or "none")
         self.publisher.changed()
+
+    def _monitor(self, inv: Inventory, found: list[DraDevice]) -> None:
+        library = self._nvml_library(inv) if self.config.health.enabled else None
+        self.monitor = HealthMonitor(inv, found, self.board, self.config.health, library)  # type: ignore[arg-type]
+        self.monitor.start()
 
     # -- start / stop -----------------------------------------------------------------------------------------
     def start(self) -> None:
