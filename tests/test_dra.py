@@ -533,13 +533,21 @@ def test_orphaned_claim_specs_are_removed_at_start(rig: Rig) -> None:
     assert not os.path.exists(orphan) and unrelated.exists()
 
 
-def test_the_command_needs_a_node_name() -> None:
+@pytest.mark.parametrize(("args", "says"), [
+    (["--node-name", " "], "--node-name is empty"),
+    (["--node-name", "n1", "--kubeconfig", "{bad}"], "cannot configure the Kubernetes client from"),
+    (["--node-name", "n1"], "no Kubernetes API to talk to"),
+])
+def test_the_command_refuses_bad_settings_with_one_line(tmp_path: Path, args: list[str], says: str) -> None:
     import subprocess
     import sys
 
-    env = {k: v for k, v in os.environ.items() if k != "NODE_NAME"}
-    out = subprocess.run([sys.executable, "-m", "gpuhook.cli", "dra-plugin", "--node-name", " "], env=env,
+    bad = tmp_path / "kubeconfig"
+    bad.write_text("clusters: [\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("NODE_NAME", "KUBECONFIG")}
+    env["HOME"] = str(tmp_path)  # no ~/.kube/config
+    out = subprocess.run([sys.executable, "-m", "gpuhook.cli", "dra-plugin", *(a.format(bad=bad) for a in args),
+                          "--kubelet-dir", str(tmp_path / "k"), "--cdi-dir", str(tmp_path / "c")], env=env,
                          capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode != 0
-    assert "--node-name is empty" in out.stderr and "Traceback" not in out.stderr
-
+    assert says in out.stderr and "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1

@@ -58,15 +58,21 @@ class Api:
     """One client for the driver's process (its connection pool is reused by every call)."""
 
     def __init__(self, kubeconfig: str | None = None, server: str | None = None, timeout: float = TIMEOUT) -> None:
+        import yaml
         from lightkube import Client
         from lightkube.core.exceptions import ConfigError as LightkubeConfigError
 
         try:
             self.client = Client(config=_config(kubeconfig, server), timeout=timeout,
                                  field_manager="gpuhook-dra")
-        except (LightkubeConfigError, OSError, ValueError, KeyError) as exc:
-            where = kubeconfig or server or os.environ.get("KUBECONFIG") or "in-cluster service account"
-            raise KubeError(f"cannot configure the Kubernetes client from {clip(where)}: {exc}") from None
+        except (LightkubeConfigError, OSError, ValueError, KeyError, TypeError, AttributeError,
+                yaml.YAMLError) as exc:
+            where = kubeconfig or server or os.environ.get("KUBECONFIG")
+            if not where:
+                raise KubeError("no Kubernetes API to talk to: not in a cluster (no service account token) and no "
+                                "kubeconfig; give --kubeconfig") from None
+            why = clip(" ".join(str(exc).split()) or type(exc).__name__, quote=False)
+            raise KubeError(f"cannot configure the Kubernetes client from {clip(where)}: {why}") from None
 
     def close(self) -> None:
         self.client.close()
