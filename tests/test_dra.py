@@ -79,8 +79,21 @@ def test_mig_devices_are_published_with_their_parent_and_profile(fake_driver_fac
     for d in migs:
         assert d.entry["attributes"]["parentUUID"] == {"string": inv.gpus[1].uuid}
         assert d.entry["attributes"]["uuid"]["string"].startswith("MIG-")
-        assert d.name.startswith("gpu-1-mig-") and len(d.name) <= 63
         assert d.entry["capacity"]["memory"]["value"].endswith("Mi")
+    # without NVML's GPU-instance info: names of their own, no memory slices
+    assert sorted(d.name for d in migs) == ["gpu-1-mig-1g10gb-gi9-ci0", "gpu-1-mig-2g20gb-gi3-ci0"]
+    assert all(set(d.entry["capacity"]) == {"memory"} for d in migs)
+    # with it: NVIDIA's names (profile, GI profile id, placement start) and one memorySlice per slice taken; the
+    # fake's H100 places 2g.20gb first, at slices 0-1, then 1g.10gb at slice 2 (largest first, first free slot)
+    from gpuhook.discover import nvml_library
+    from gpuhook.dra import placement
+
+    placed = devices.build(inv, placements=placement.read(nvml_library(inv.driver_root), inv))
+    assert {d.name: sorted(k for k in d.entry["capacity"] if k.startswith("memorySlice")) for d in placed
+            if d.entry["attributes"]["type"] == {"string": "mig"}} == {
+        "gpu-1-mig-2g20gb-14-0": ["memorySlice0", "memorySlice1"],
+        "gpu-1-mig-1g10gb-19-2": ["memorySlice2"],
+    }
 
 
 @pytest.mark.parametrize(("given", "expected"), [("9.0", "9.0.0"), ("535.309.01", "535.309.1"), ("12.4", "12.4.0"),

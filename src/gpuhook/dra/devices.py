@@ -5,7 +5,9 @@ cmd/gpu-kubelet-plugin/deviceinfo.go `GpuInfo.Attributes`, mig.go `CommonAttribu
 partitions.go `fullGpuCapacity`), so DeviceClasses and claims written for it select the same devices here:
 a GPU is `gpu-<minor>`, its attributes `type`, `uuid`, `productName`, `brand`, `architecture`,
 `cudaComputeCapability`, `driverVersion`, `cudaDriverVersion`, the standard `resource.kubernetes.io/pciBusID`,
-`resource.kubernetes.io/pcieRoot` and `resource.kubernetes.io/numaNode`, its capacity `memory`. What NVIDIA's
+`resource.kubernetes.io/pcieRoot` and `resource.kubernetes.io/numaNode`, its capacity `memory`; a MIG device
+`gpu-<minor>-mig-<profile>-<profile id>-<placement>` with `type` mig, `parentUUID`, `profile`, its parent's
+attributes, `memory` and a `memorySlice<i>` per memory slice it sits on. What NVIDIA's
 lacks is added: `nvlinkDomain`, one value shared by the GPUs that NVLink joins all to all, for `matchAttribute`.
 
 Which devices exist and which host nodes each one needs come from the device plugin's planning
@@ -17,9 +19,10 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gpuhook.dra.placement import Placement
 from gpuhook.model import topology
 from gpuhook.model.inventory import Gpu, Inventory, MigDevice
 from gpuhook.model.record import Record
@@ -144,34 +147,51 @@ def gpu_name(gpu: Gpu) -> str:
     return f"gpu-{gpu.minor}"
 
 
-def mig_name(parent: Gpu, mig: MigDevice) -> str:
-    """`gpu-<minor>-mig-<profile>-<gi>-<ci>`: NVIDIA's shape (profile without dots, RFC 1123), with the GPU and
-    compute instance ids where NVIDIA's has the profile id and placement, which gpuhook's discovery does not read."""
+def mig_name(parent: Gpu, mig: MigDevice, where: Placement | None) -> str:
+    """NVIDIA's `gpu-<minor>-mig-<profile>-<profile id>-<placement start>` (profile without dots, RFC 1123; mig.go
+    `ToCanonicalName`); where NVML did not give the GPU instance's profile id and placement,
+    `gpu-<minor>-mig-<profile>-gi<gi>-ci<ci>`, which cannot be mistaken for it."""
     profile = _RFC1123_BAD.sub("-", mig.profile.replace(".", "").lower()).strip("-") or "unknown"
-    return f"{gpu_name(parent)}-mig-{profile}-{mig.gi}-{mig.ci}"[:63]
+    if where is not None:
+        return f"{gpu_name(parent)}-mig-{profile}-{where.profile_id}-{where.start}"[:63]
+    return f"{gpu_name(parent)}-mig-{profile}-gi{mig.gi}-ci{mig.ci}"[:63]
 
 
-def build(inv: Inventory, sys_root: str = "/sys") -> list[DraDevice]:
-    """Every device of the node, in the plugin's order (GPU index, then MIG index)."""
+def mig_capacity(mig: MigDevice, where: Placement | None) -> dict[str, Any]:
+    """`memory`, and one `memorySlice<i>` per memory slice the instance takes (NVIDIA's deviceinfo.go
+    `MigDeviceInfo.GetDevice`: where on the GPU it sits)."""
+    out = _memory(mig.memory_mib)
+    if where is not None:
+        for i in range(where.start, where.start + where.size):
+            out[f"memorySlice{i}"] = {"value": "1"}
+    return out
+
+
+def build(inv: Inventory, sys_root: str = "/sys", placements: Mapping[str, Placement] | None = None
+          ) -> list[DraDevice]:
+    """Every device of the node, in the plugin's order (GPU index, then MIG index); `placements`: MIG device
+    UUID -> where it sits (placement.read)."""
     domains = nvlink_domains(inv)
     out: list[DraDevice] = []
     for resource in plan(inv, Options(mig_strategy="mixed", id_strategy="uuid")):
         for dev in resource.devices:
-            out.append(_device(inv, dev, domains, sys_root))
+            out.append(_device(inv, dev, domains, sys_root, placements or {}))
     out.sort(key=lambda d: d.key)
     return out
 
 
-def _device(inv: Inventory, dev: PluginDevice, domains: dict[int, str], sys_root: str) -> DraDevice:
+def _device(inv: Inventory, dev: PluginDevice, domains: dict[int, str], sys_root: str,
+            placements: Mapping[str, Placement]) -> DraDevice:
     gpu = inv.gpus[dev.gpu_index]
     attrs = _common(gpu, inv, sys_root)
     target = dev.target
     if isinstance(target, MigDevice):
-        name = mig_name(gpu, target)
+        where = placements.get(target.uuid)
+        name = mig_name(gpu, target, where)
         attrs.update({"type": _string("mig"), "parentUUID": _string(gpu.uuid), "profile": _string(target.profile)})
         if target.uuid:
             attrs["uuid"] = _string(target.uuid)
-        capacity = _memory(target.memory_mib)
+        capacity = mig_capacity(target, where)
     else:
         name = gpu_name(gpu)
         attrs.update({"type": _string("gpu"), "uuid": _string(gpu.uuid)})

@@ -112,7 +112,9 @@ class Driver:
             self.monitor = None
         try:
             inv = self.load_inventory()
-            found = dra_devices.build(inv, self.config.sys_root)
+            from gpuhook.dra import placement
+
+            found = dra_devices.build(inv, self.config.sys_root, placement.read(self._nvml_library(inv), inv))
         except GpuhookError:
             if self.inventory is not None:
                 self._monitor(self.inventory, self.devices)  # the last devices stay watched
