@@ -177,14 +177,15 @@ class Node:
 
 
 def remove_cgroups(ids: list[str]) -> None:
-    """The cgroups runc made for our containers (cgroupfs: <controller>/k8s.io/<id>), once they are empty; only
-    those, so another containerd's on the same host is never touched."""
+    """The cgroups runc made for our containers (cgroupfs: k8s.io/<id> under each v1 controller, or under the v2
+    root), once they are empty; only those, so another containerd's on the same host is never touched."""
     if not CGROUP_V1.is_dir():
         return
-    for controller in CGROUP_V1.iterdir():
+    parents = [CGROUP_V1, *(c for c in CGROUP_V1.iterdir() if c.is_dir() and not c.is_symlink())]
+    for parent in parents:
         for cid in ids:
             with contextlib.suppress(OSError):
-                (controller / "k8s.io" / cid).rmdir()
+                (parent / "k8s.io" / cid).rmdir()
 
 
 @contextlib.contextmanager
