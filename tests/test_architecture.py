@@ -28,8 +28,8 @@ ALLOWED: dict[str, set[str]] = {
     "dra": {"plugin", "cdi", "model", "discover", "errors", "fileio"},  # plugin: health, planning, endpoints
     "runtimeconfig": {"model", "errors", "fileio"},  # model: its Record base and contract's HOOK_PATH
     "system": {"model", "discover", "errors", "fileio"},
-    "doctor": {"shim", "runtimeconfig", "system", "hook", "cdi", "inject", "model", "discover", "oci", "_native",
-               "errors", "fileio"},
+    "doctor": {"service", "shim", "runtimeconfig", "system", "hook", "cdi", "inject", "model", "discover", "oci",
+               "_native", "errors", "fileio"},
     "fakedriver": {"model", "discover", "_native", "errors", "fileio"},
     "cli": {"service", "doctor", "shim", "plugin", "dra", "runtimeconfig", "system", "hook", "cdi", "inject", "model",
             "discover", "oci", "fakedriver", "_native", "errors", "fileio"},

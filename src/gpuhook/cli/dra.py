@@ -31,6 +31,9 @@ from gpuhook.plugin.health import DEFAULT_IGNORED_XIDS, HealthConfig, parse_xids
 @click.option("--host-driver-root", "--nvidia-driver-root", envvar="NVIDIA_DRIVER_ROOT", show_envvar=True,
               default=None,
               help="The driver root as the container runtime sees it, when it differs from --driver-root.")
+@click.option("--host-dev-root", envvar="NVIDIA_DEV_ROOT", show_envvar=True, default=None,
+              help="The root of /dev as the container runtime sees it, when it differs from --dev-root "
+                   "[default: --host-driver-root when the driver and /dev were read from one root].")
 @click.option("--hook-path", default=None, help="Host path of gpuhook for the CDI spec's hooks [default: this one].")
 @click.option("--health-checks", type=click.Choice(["on", "off"]), default="on", show_default=True,
               help="XID events, device nodes and lost GPUs withdraw a device from the ResourceSlice.")
@@ -46,8 +49,8 @@ from gpuhook.plugin.health import DEFAULT_IGNORED_XIDS, HealthConfig, parse_xids
 @CACHE_OPTION
 def dra_plugin(driver_root: str, dev_root: str | None, proc_root: str | None, discovery: str, node_name: str,
                kubelet_dir: str, cdi_dir: str, kubeconfig: str | None, api_server: str | None,
-               host_driver_root: str | None, hook_path: str | None, health_checks: str, ignored_xids: str,
-               recovery_window: float, health_interval: float, sys_root: str, log_level: str,
+               host_driver_root: str | None, host_dev_root: str | None, hook_path: str | None, health_checks: str,
+               ignored_xids: str, recovery_window: float, health_interval: float, sys_root: str, log_level: str,
                inventory_cache: str | None) -> None:
     """Kubelet DRA driver gpu.nvidia.com: publish GPUs in a ResourceSlice, prepare claims as CDI devices."""
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
@@ -73,6 +76,7 @@ def dra_plugin(driver_root: str, dev_root: str | None, proc_root: str | None, di
         cdi_dir=os.path.abspath(cdi_dir),
         hook_path=hook_path or default_hook_path(),
         host_driver_root=host_driver_root,
+        host_dev_root=host_dev_root,
         health=HealthConfig(enabled=health_checks == "on", ignored_xids=xids, recovery_window=recovery_window,
                             interval=health_interval),
         sys_root=sys_root,

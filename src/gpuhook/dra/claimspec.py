@@ -48,7 +48,7 @@ def cdi_id(uid: str, device: str) -> str:
 
 
 def build(inv: Inventory, uid: str, devices: Sequence[DraDevice], hook_path: str,
-          host_driver_root: str | None = None) -> dict[str, Any]:
+          host_driver_root: str | None = None, host_dev_root: str | None = None) -> dict[str, Any]:
     """The spec: one CDI device per DRA device, named `<uid>-<name>`, no `all`."""
     spec = build_spec(inv, vendor=VENDOR, cls=CLASS, name_strategies=("index",), hook_path=hook_path,
                       devices=[d.target for d in devices])
@@ -56,7 +56,7 @@ def build(inv: Inventory, uid: str, devices: Sequence[DraDevice], hook_path: str
     for entry, device in zip(named, devices):  # build_spec keeps the given order, one name each
         entry["name"] = f"{uid}-{device.name}"
     spec["devices"] = named
-    rebase_spec(spec, inv, host_driver_root)
+    rebase_spec(spec, inv, host_driver_root, host_dev_root)
     return spec
 
 

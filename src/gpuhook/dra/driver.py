@@ -46,6 +46,7 @@ class DriverConfig(Record):
     cdi_dir: str = "/var/run/cdi"
     hook_path: str = "/usr/local/bin/gpuhook"
     host_driver_root: str | None = None
+    host_dev_root: str | None = None  # the /dev root as the runtime sees it (None: where nodes are read)
     health: HealthConfig = field(default_factory=HealthConfig)
     sys_root: str = "/sys"
     nvml_library: str | None = None  # None: the driver root's libnvidia-ml.so.1
@@ -77,7 +78,7 @@ class Driver:
             PrepareConfig(node=config.node, cdi_dir=config.cdi_dir,
                           checkpoint_path=os.path.join(config.plugin_dir, CHECKPOINT_FILE),
                           hook_path=config.hook_path, host_driver_root=config.host_driver_root,
-                          driver=config.driver),
+                          host_dev_root=config.host_dev_root, driver=config.driver),
             api.get_claim, self.board, self._apply_sharing)
         self.publisher = Publisher(api, config.node, self._published_devices, config.driver)
         self.registration = RegistrationService(config.driver, config.dra_socket)

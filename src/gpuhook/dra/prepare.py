@@ -38,6 +38,7 @@ class PrepareConfig(Record):
     checkpoint_path: str
     hook_path: str
     host_driver_root: str | None = None
+    host_dev_root: str | None = None
     driver: str = DRIVER
 
 
@@ -101,7 +102,7 @@ class Preparer:
         prepared = self._prepared(uid, allocated, chosen)
         with self._lock:
             spec = claimspec.build(current.inventory, uid, list(chosen.values()), self.config.hook_path,
-                                   self.config.host_driver_root)
+                                   self.config.host_driver_root, self.config.host_dev_root)
             claimspec.write(self.config.cdi_dir, uid, spec)
             claims = {**self.claims, uid: PreparedClaim(namespace, name, tuple(prepared))}
             try:

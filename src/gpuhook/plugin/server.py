@@ -40,8 +40,10 @@ def _ms(start: float) -> float:
 
 class DevicePluginService(pb_grpc.DevicePluginServicer):
     def __init__(self, resource: Resource, board: HealthBoard, table: dict[str, Place],
-                 options: Options, inventory: Inventory | None = None, specs: DeviceSpecs | None = None) -> None:
+                 options: Options, inventory: Inventory | None = None, specs: DeviceSpecs | None = None,
+                 marker_key: bytes = b"") -> None:
         self.resource = resource
+        self.marker_key = marker_key  # seals Allocate's CDI marker (model/cdiignored.seal)
         self.board = board
         self.table = table
         self.options = options
@@ -105,7 +107,8 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         start = time.monotonic()
         ids = "; ".join(f"[{','.join(c.devices_ids)}]" for c in request.container_requests)
         try:
-            response, chosen = allocate(request, self.by_id, self.board.unhealthy, self.options, self.specs)
+            response, chosen = allocate(request, self.by_id, self.board.unhealthy, self.options, self.specs,
+                                        self.marker_key)
         except AllocationError as exc:
             log.warning("Allocate %s: ids %s refused in %.1f ms: %s", self.resource.name, ids, _ms(start), exc)
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{self.resource.name}: {exc}")
