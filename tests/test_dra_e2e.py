@@ -244,6 +244,16 @@ def _scenario(plane: Any, node: Any, driver: DriverProcess, cdi_dir: Path, start
     assert spec.read_text() == before
     say(f"driver restarted: pair-1 still prepared, same CDI ids {ids}")
 
+    # restart the kubelet: it finds the driver again in plugins_registry; p1 keeps running, its claim prepared
+    registered = driver.log().count("registered with the kubelet")
+    node.restart_kubelet()
+    plane.wait("the new kubelet to register the driver",
+               lambda: driver.log().count("registered with the kubelet") > registered, 90)
+    plane.wait("p1 reported running by the new kubelet", lambda: plane.ok("GET", f"{PODS}/p1")["status"].get(
+        "phase") == "Running" and node.kubelet is not None and node.kubelet.poll() is None, 30)
+    assert spec.read_text() == before and f"unprepared {uid1}" not in driver.log()
+    say("kubelet restarted: it registered the driver again; p1 still running, pair-1 still prepared")
+
     # delete p1: the kubelet unprepares, the spec goes
     plane.ok("DELETE", f"{PODS}/p1")
     plane.wait("p1 gone", lambda: plane.request("GET", f"{PODS}/p1")[0] == 404, 90)

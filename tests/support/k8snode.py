@@ -167,13 +167,40 @@ def cri_containerd(root: Path, cdi_dir: Path, containerd_tree: Path) -> Iterator
 
 # -- the node -------------------------------------------------------------------------------------------------
 class Node:
-    def __init__(self, root: Path, name: str, holder: int, ctr: list[str], kubelet_dir: Path) -> None:
+    def __init__(self, root: Path, name: str, holder: int, ctr: list[str], kubelet_dir: Path,
+                 kubelet_argv: list[str], env: dict[str, str]) -> None:
         self.root, self.name, self.holder, self._ctr, self.kubelet_dir = root, name, holder, ctr, kubelet_dir
         self.kubelet_log = root / "kubelet.log"
         self.containerd_log = root / "containerd.log"
+        self._argv, self._env = kubelet_argv, env
+        self.kubelet: subprocess.Popen[bytes] | None = None
+        self.kubelet_starts = 0
 
     def ctr(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         return subprocess.run([*self._ctr, *args], capture_output=True, text=True, timeout=timeout, check=False)
+
+    def start_kubelet(self) -> None:
+        self.kubelet_starts += 1
+        with open(self.kubelet_log, "ab") as log:
+            self.kubelet = subprocess.Popen(self._argv, stdout=log, stderr=subprocess.STDOUT, env=self._env,
+                                            start_new_session=True)
+
+    def stop_kubelet(self) -> None:
+        """SIGTERM (its containers keep running, as on a real node), then SIGKILL after 30 s."""
+        proc, self.kubelet = self.kubelet, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, 9)
+            proc.wait(10)
+
+    def restart_kubelet(self) -> None:
+        self.stop_kubelet()
+        self.start_kubelet()
 
 
 def remove_cgroups(ids: list[str]) -> None:
@@ -255,15 +282,16 @@ def kubelet_node(root: Path, plane: ControlPlane, name: str, cdi_dir: Path, cont
         stack.callback(stop_tasks, ctr)  # after the kubelet stops, before containerd does: no shim outlives it
         import_images(root, ctr)
         # the kubelet: in the namespace (user and mount)
-        kubelet = stack.enter_context(daemon_process(
-            ["nsenter", f"--user=/proc/{holder.pid}/ns/user", f"--mount=/proc/{holder.pid}/ns/mnt",
-             "--", str(plane.bin_dir / "kubelet"),
-             f"--config={root / 'kubelet.yaml'}", f"--kubeconfig={node_config}", f"--root-dir={kubelet_dir}",
-             f"--cert-dir={root / 'kubelet-pki'}", f"--hostname-override={name}", "--v=2"],
-            env, root, "kubelet.log"))
-        node = Node(root, name, holder.pid, ctr, kubelet_dir)
+        node = Node(root, name, holder.pid, ctr, kubelet_dir,
+                    ["nsenter", f"--user=/proc/{holder.pid}/ns/user", f"--mount=/proc/{holder.pid}/ns/mnt",
+                     "--", str(plane.bin_dir / "kubelet"),
+                     f"--config={root / 'kubelet.yaml'}", f"--kubeconfig={node_config}", f"--root-dir={kubelet_dir}",
+                     f"--cert-dir={root / 'kubelet-pki'}", f"--hostname-override={name}", "--v=2"], env)
+        stack.callback(node.stop_kubelet)
+        node.start_kubelet()
         plane.wait("the kubelet to register its node", lambda: plane.request("GET", f"/api/v1/nodes/{name}")[0] == 200
-                   or (kubelet.poll() is not None and _fail(root / "kubelet.log")), 90, 0.5)
+                   or (node.kubelet is not None and node.kubelet.poll() is not None and _fail(root / "kubelet.log")),
+                   90, 0.5)
         yield node
 
 
