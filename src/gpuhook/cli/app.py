@@ -55,6 +55,7 @@ class LazyGroup(click.Group):
         "hook": "gpuhook.cli.hook:hook",
         "runtime": "gpuhook.cli.runtime:runtime",
         "device-plugin": "gpuhook.cli.plugin:device_plugin",
+        "dra-plugin": "gpuhook.cli.dra:dra_plugin",
         "labels": "gpuhook.cli.labels:labels",
         "doctor": "gpuhook.cli.doctor:doctor",
         "system": "gpuhook.cli.system:system",

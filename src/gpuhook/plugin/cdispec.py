@@ -55,13 +55,11 @@ def _differs(host: str | None, read: str) -> bool:
     return host is not None and os.path.normpath(host) != os.path.normpath(read)
 
 
-def build(inv: Inventory, targets: Sequence[Target], hook_path: str, host_driver_root: str | None,
-          host_dev_root: str | None = None) -> dict[str, Any]:
-    """The spec for `targets`; host paths rebased from where this process read them to where the runtime finds
-    them: mounts from the read driver root to `host_driver_root`, device nodes from the read dev root to
-    `host_dev_root` (None: not rebased)."""
-    spec = build_spec(inv, vendor=CDI_VENDOR, cls=CDI_CLASS, name_strategies=NAME_STRATEGIES, hook_path=hook_path,
-                      devices=targets)
+def rebase_spec(spec: dict[str, Any], inv: Inventory, host_driver_root: str | None,
+                host_dev_root: str | None = None) -> None:
+    """Host paths of a spec built from `inv`, in place, from where this process read them to where the runtime
+    finds them: mounts from the read driver root to `host_driver_root`, device nodes from the read dev root to
+    `host_dev_root` (None: not rebased). The DRA driver's claim specs are rebased the same way."""
     if host_dev_root is None and os.path.normpath(inv.dev_root) == os.path.normpath(inv.driver_root):
         host_dev_root = host_driver_root  # one root read for both: one root on the host too (NVIDIA's default)
     everything = [spec.get("containerEdits", {}), *(d["containerEdits"] for d in spec["devices"])]
@@ -70,6 +68,14 @@ def build(inv: Inventory, targets: Sequence[Target], hook_path: str, host_driver
             _rebase_edits(edits, "mounts", inv.driver_root, str(host_driver_root))
         if _differs(host_dev_root, inv.dev_root):
             _rebase_edits(edits, "deviceNodes", inv.dev_root, str(host_dev_root))
+
+
+def build(inv: Inventory, targets: Sequence[Target], hook_path: str, host_driver_root: str | None,
+          host_dev_root: str | None = None) -> dict[str, Any]:
+    """The spec for `targets`, its host paths rebased (rebase_spec)."""
+    spec = build_spec(inv, vendor=CDI_VENDOR, cls=CDI_CLASS, name_strategies=NAME_STRATEGIES, hook_path=hook_path,
+                      devices=targets)
+    rebase_spec(spec, inv, host_driver_root, host_dev_root)
     return spec
 
 

@@ -150,13 +150,20 @@ class Endpoint:
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=self.workers,
                                                         thread_name_prefix="gpuhook-grpc"),
                              options=[("grpc.so_reuseport", 0)])
-        pb_grpc.add_DevicePluginServicer_to_server(self.service, server)
+        self.add_services(server)
         if server.add_insecure_port(f"unix://{self.path}") == 0:
             raise OSError(f"cannot listen on {self.path}")
         server.start()
         self.server = server
         self.identity = _socket_identity(self.path)
-        log.info("serving %s on %s", self.service.resource.name, self.path)
+        log.info("serving %s on %s", self.label(), self.path)
+
+    def add_services(self, server: grpc.Server) -> None:
+        """What the socket serves (the DRA driver's endpoints serve other services the same way)."""
+        pb_grpc.add_DevicePluginServicer_to_server(self.service, server)
+
+    def label(self) -> str:
+        return self.service.resource.name
 
     def _remove_stale_socket(self) -> None:
         """A socket left by an earlier run would make bind fail; anything else at the path (a file, FIFO,
