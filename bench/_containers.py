@@ -24,6 +24,7 @@ from support.runc import make_bundle, runc_cmd, runc_delete, unique_id
 from gpuhook.fakedriver.rootfs import INSTALL_HINT, busybox_rootfs, find_static_busybox
 
 __all__ = [
+    "HOOK_ENV",
     "Podman",
     "busybox_template",
     "fresh_rootfs",

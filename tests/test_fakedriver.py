@@ -216,6 +216,18 @@ def test_graphics_libraries_need_their_cores(fake_driver: FakeDriver) -> None:
     assert f"[libnvidia-glcore.so.{fake_driver.driver_version}]" in glx
 
 
+def test_tls_library_carries_the_gnu_abi_tag(fake_driver: FakeDriver) -> None:
+    """NVIDIA's libnvidia-tls has the GNU ABI tag for Linux 2.3.99, and libnvidia-container's driver lookup
+    requires it (libnvidia-container src/nvc_info.c, select_libraries: elftool_has_abi {2, 3, 99}; without it
+    the lookup of every library fails, "elf section 0x7 missing"). Other libraries have none."""
+    for b in (64, 32) if fake_driver.compat32 else (64,):
+        tls = fake_driver.host_path(fake_driver.library("libnvidia-tls", b).path)
+        notes = subprocess.run(["readelf", "-n", str(tls)], capture_output=True, text=True, check=True).stdout
+        assert ".note.ABI-tag" in notes and "OS: Linux, ABI: 2.3.99" in notes, notes
+    cuda = fake_driver.host_path(fake_driver.library("libcuda").path)
+    assert "ABI-tag" not in subprocess.run(["readelf", "-n", str(cuda)], capture_output=True, text=True).stdout
+
+
 def test_dev_links(fake_driver: FakeDriver) -> None:
     for link, target in driverfiles.DEV_LINKS.items():
         path = fake_driver.host_path(f"{driverfiles.LIB_DIR}/{link}")
@@ -360,6 +372,26 @@ def test_nvml_error_semantics(fake_driver: FakeDriver) -> None:
         nvml.nvmlShutdown()
         with pytest.raises(nvml.NVMLError_Uninitialized):
             nvml.nvmlDeviceGetCount()
+
+
+def test_nvml_unversioned_pci_info_fills_the_v1_struct(fake_driver: FakeDriver) -> None:
+    """The unversioned nvmlDeviceGetPciInfo, which libnvidia-container calls (src/driver.c,
+    driver_get_device_busid_1_svc), fills NVML's v1 struct: v3's first 36 bytes (legacy bus id, domain, bus,
+    device, ids), four reserved words zeroed, and nothing past its 52 bytes (a v1 caller's buffer ends there)."""
+    with pynvml_bound(fake_driver) as nvml:
+        nvml.nvmlInit()
+        lib = nvml.nvmlLib
+        for index in range(len(fake_driver.gpus)):
+            h = nvml.nvmlDeviceGetHandleByIndex(index)
+            v3 = ctypes.create_string_buffer(68)
+            assert lib.nvmlDeviceGetPciInfo_v3(h, v3) == 0
+            v1 = ctypes.create_string_buffer(b"\xaa" * 68, 68)
+            assert lib.nvmlDeviceGetPciInfo(h, v1) == 0
+            assert v1.raw[:36] == v3.raw[:36]
+            assert v1.raw[:16].rstrip(b"\0").decode() == nvml.nvmlDeviceGetPciInfo(h).busIdLegacy
+            assert v1.raw[36:52] == bytes(16) and v1.raw[52:] == b"\xaa" * 16
+        assert lib.nvmlDeviceGetPciInfo(h, None) == nvml.NVML_ERROR_INVALID_ARGUMENT
+        nvml.nvmlShutdown()
 
 
 def test_fail_init_control(fake_driver: FakeDriver) -> None:

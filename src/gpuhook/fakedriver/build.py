@@ -273,7 +273,9 @@ def _artifacts(fake: FakeDriver) -> dict[str, Artifact]:
 
 
 def _stub(spec: catalogue.LibrarySpec, version: str, bits: int) -> Artifact:
-    defines = (("FAKE_LIBRARY", c_string(f"{spec.name} {version}")),)
+    defines: tuple[tuple[str, str], ...] = (("FAKE_LIBRARY", c_string(f"{spec.name} {version}")),)
+    if spec.name == "libnvidia-tls":  # NVIDIA's carries the GNU ABI tag; libnvidia-container requires it
+        defines += (("FAKE_ABI_NOTE", "1"),)
     return Artifact("stub", spec.file_name(version), bits, spec.soname(version), defines)
 
 

@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -524,6 +525,22 @@ API nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci
     fill_pci(pci, g->domain, g->bus, g->device, g->function);
     pci->pciDeviceId = g->pci_device_id;
     pci->pciSubSystemId = g->pci_subsystem_id;
+    return NVML_SUCCESS;
+}
+
+/* The unversioned (v1) entry point, which libnvidia-container still calls: the v1 struct is v3's first 36 bytes
+ * (legacy bus id and the numbers) followed by four reserved words, without v3's 32-byte busId. */
+API nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t device, nvmlPciInfo_t *pci)
+{
+    nvmlPciInfo_t full;
+    nvmlReturn_t r;
+    if (pci == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    r = nvmlDeviceGetPciInfo_v3(device, &full);
+    if (r != NVML_SUCCESS)
+        return r;
+    memset(pci, 0, offsetof(nvmlPciInfo_t, busId) + 4 * sizeof(unsigned));
+    memcpy(pci, &full, offsetof(nvmlPciInfo_t, busId));
     return NVML_SUCCESS;
 }
 
