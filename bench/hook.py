@@ -49,7 +49,7 @@ REQUESTS: dict[str, tuple[list[str], str]] = {  # case letter -> (env, what the 
 }
 LABELS = {"b": "no GPU requested", "c": "1 GPU", "d": f"{GPUS} GPUs, all capabilities"}
 TARGETS = {"b": 10.0, "c": 40.0, "d": 50.0}  # issue 14
-TOOK = re.compile(r"^\S+ (\S+) (.*) took=([\d.]+)ms$")
+TOOK = re.compile(r"^\S+ (\S+) (.*) took=([\d.]+)ms(?: by=.*)?$")
 
 
 def bench(args: argparse.Namespace) -> None:

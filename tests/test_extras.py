@@ -39,6 +39,7 @@ def test_help_lists_every_command_without_the_extra() -> None:
     result = gpuhook_without_grpc("--help")
     assert result.returncode == 0, result.stderr
     assert "device-plugin  (needs pip install 'gpuhook[plugin]')" in result.stdout
+    assert "dra-plugin     (needs pip install 'gpuhook[dra]')" in result.stdout
     assert "generate-cdi" in result.stdout
 
 

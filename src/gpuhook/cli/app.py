@@ -68,7 +68,8 @@ class LazyGroup(click.Group):
 
     # Commands whose modules need an optional extra (pyproject.toml), and the top-level modules it brings: without
     # them the command is a stand-in that says which extra to install, and `gpuhook --help` still lists it.
-    EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {"device-plugin": ("plugin", ("grpc", "google"))}
+    EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {"device-plugin": ("plugin", ("grpc", "google")),
+                                                       "dra-plugin": ("dra", ("grpc", "google", "lightkube"))}
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name in self.LAZY:
