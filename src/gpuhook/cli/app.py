@@ -59,6 +59,7 @@ class LazyGroup(click.Group):
         "doctor": "gpuhook.cli.doctor:doctor",
         "system": "gpuhook.cli.system:system",
         "service": "gpuhook.cli.service:service",
+        "node-setup": "gpuhook.cli.nodesetup:node_setup",
     }
 
     def list_commands(self, ctx: click.Context) -> list[str]:
