@@ -26,26 +26,28 @@ from gpuhook.nodesetup.setup import (
 
 def _options(f):  # type: ignore[no-untyped-def]
     for decorator in reversed((
-        click.option("--host-root", default="/", show_default=True,
+        click.option("--host-root", envvar="GPUHOOK_HOST_ROOT", default="/", show_default=True,
                      help="Where the host's / is mounted (the DaemonSet mounts it at /host)."),
-        click.option("--prefix", default=DEFAULT_PREFIX, show_default=True,
+        click.option("--prefix", envvar="GPUHOOK_PREFIX", default=DEFAULT_PREFIX, show_default=True,
                      help="Host folder gpuhook is installed under (nothing else is written outside it but the "
                           "runtime's drop-in and the /dev/char links)."),
-        click.option("--driver-root", default="/", show_default=True,
+        click.option("--driver-root", envvar="GPUHOOK_DRIVER_ROOT", default="/", show_default=True,
                      help="Host path of the driver root (/run/nvidia/driver for a driver container)."),
-        click.option("--runtime", "runtime_name", type=click.Choice(RUNTIMES), default="auto", show_default=True,
+        click.option("--runtime", "runtime_name", envvar="GPUHOOK_RUNTIME", type=click.Choice(RUNTIMES), default="auto",
+                     show_default=True,
                      help="The node's container runtime; auto: the one whose daemon runs."),
-        click.option("--runtime-config", default=None, metavar="PATH",
+        click.option("--runtime-config", envvar="GPUHOOK_RUNTIME_CONFIG", default=None, metavar="PATH",
                      help="Host path of the runtime's main config [default: /etc/containerd/config.toml, "
                           "/etc/crio/crio.conf]."),
-        click.option("--restart", type=click.Choice(runtime_mod.RESTART_MODES), default="systemd",
-                     show_default=True,
+        click.option("--restart", envvar="GPUHOOK_RESTART", type=click.Choice(runtime_mod.RESTART_MODES),
+                     default="systemd", show_default=True,
                      help="How the runtime is made to read its config: systemctl restart in the host's mount "
                           "namespace, SIGTERM to the daemon (its supervisor restarts it), or not at all."),
-        click.option("--unit", default=None, help="systemd unit of the runtime [default: containerd, crio]."),
-        click.option("--dev-root", default="/", show_default=True,
+        click.option("--unit", envvar="GPUHOOK_RUNTIME_UNIT", default=None,
+                     help="systemd unit of the runtime [default: containerd, crio]."),
+        click.option("--dev-root", envvar="GPUHOOK_DEV_ROOT", default="/", show_default=True,
                      help="Host folder holding the driver's /dev (the links point into it)."),
-        click.option("--dev-char-path", default="/dev/char", show_default=True,
+        click.option("--dev-char-path", envvar="GPUHOOK_DEV_CHAR_PATH", default="/dev/char", show_default=True,
                      help="Host folder of the /dev/char/<major>:<minor> links."),
     )):
         f = decorator(f)
@@ -91,7 +93,11 @@ def _install(opts: Options) -> None:
 
 @click.group("node-setup")
 def node_setup() -> None:
-    """Install gpuhook onto a node from the node-setup image (through a host mount) and take it off again."""
+    """Install gpuhook onto a node from the node-setup image (through a host mount) and take it off again.
+
+    Every option can also come from the environment (GPUHOOK_HOST_ROOT, GPUHOOK_PREFIX, GPUHOOK_DRIVER_ROOT,
+    GPUHOOK_RUNTIME, GPUHOOK_RUNTIME_CONFIG, GPUHOOK_RESTART, GPUHOOK_RUNTIME_UNIT, GPUHOOK_DEV_ROOT,
+    GPUHOOK_DEV_CHAR_PATH), so the DaemonSet's probe runs with the container's own settings."""
 
 
 @node_setup.command("install")
