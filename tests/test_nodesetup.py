@@ -235,7 +235,7 @@ def test_node_setup_configures_and_restarts_a_containerd_then_puts_it_back(
     prefix = host / "opt/gpuhook"
     args = ["--prefix", str(prefix), "--runtime", "containerd", "--runtime-config", str(config), "--restart",
             "signal", "--driver-root", str(fake_driver.root), "--dev-root", str(fake_driver.root),
-            "--dev-char-path", str(host / "dev/char")]
+            "--proc-root", f"{fake_driver.root}/proc", "--dev-char-path", str(host / "dev/char")]
     with supervised_containerd(binary, config, state):
         first = wait_for("containerd", lambda: containerd_pid(config))
         wait_for("containerd's socket", lambda: (state / "containerd.sock").exists())

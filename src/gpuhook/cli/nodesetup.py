@@ -47,6 +47,8 @@ def _options(f):  # type: ignore[no-untyped-def]
                      help="systemd unit of the runtime [default: containerd, crio]."),
         click.option("--dev-root", envvar="GPUHOOK_DEV_ROOT", default="/", show_default=True,
                      help="Host folder holding the driver's /dev (the links point into it)."),
+        click.option("--proc-root", envvar="GPUHOOK_PROC_ROOT", default="/proc", show_default=True,
+                     help="Host path of the procfs with driver/nvidia (the links' discovery)."),
         click.option("--dev-char-path", envvar="GPUHOOK_DEV_CHAR_PATH", default="/dev/char", show_default=True,
                      help="Host folder of the /dev/char/<major>:<minor> links."),
     )):
@@ -55,20 +57,21 @@ def _options(f):  # type: ignore[no-untyped-def]
 
 
 def _make(host_root: str, prefix: str, driver_root: str, runtime_name: str, runtime_config: str | None,
-          restart: str, unit: str | None, dev_root: str, dev_char_path: str, links: bool = False) -> Options:
+          restart: str, unit: str | None, dev_root: str, proc_root: str, dev_char_path: str,
+          links: bool = False) -> Options:
     opts = Options(os.path.abspath(host_root), prefix, driver_root, runtime_name, runtime_config, restart, unit,
                    dev_char_path)
     check_options(opts)
-    return replace(opts, links=_links(opts, dev_root)) if links else opts
+    return replace(opts, links=_links(opts, dev_root, proc_root)) if links else opts
 
 
-def _links(opts: Options, dev_root: str) -> list[tuple[str, str]]:
+def _links(opts: Options, dev_root: str, proc_root: str) -> list[tuple[str, str]]:
     """(link, target) for the NVIDIA nodes, in host paths; none (with a warning) when no driver answers."""
     from gpuhook.cli.inventory import load_inventory
     from gpuhook.system.devchar import wanted_links
 
     try:
-        inv = load_inventory(real(opts, opts.driver_root), real(opts, dev_root), None, "auto")
+        inv = load_inventory(real(opts, opts.driver_root), real(opts, dev_root), real(opts, proc_root), "auto")
     except GpuhookError as exc:
         click.echo(f"warning: no /dev/char links ({exc})", err=True)
         return []
@@ -97,7 +100,7 @@ def node_setup() -> None:
 
     Every option can also come from the environment (GPUHOOK_HOST_ROOT, GPUHOOK_PREFIX, GPUHOOK_DRIVER_ROOT,
     GPUHOOK_RUNTIME, GPUHOOK_RUNTIME_CONFIG, GPUHOOK_RESTART, GPUHOOK_RUNTIME_UNIT, GPUHOOK_DEV_ROOT,
-    GPUHOOK_DEV_CHAR_PATH), so the DaemonSet's probe runs with the container's own settings."""
+    GPUHOOK_PROC_ROOT, GPUHOOK_DEV_CHAR_PATH), so the DaemonSet's probe runs with the container's own settings."""
 
 
 @node_setup.command("install")
