@@ -606,3 +606,28 @@ def test_containerd_cdi_through_an_imported_drop_in(tmp_path: Path) -> None:
     (config.parent / "conf.d/99-gpuhook.toml").write_text("version = [\n")
     (problem,) = rt.check_containerd((1, 7, 2), p, status)
     assert problem.status == PROBLEM and "99-gpuhook.toml" in problem.message
+
+
+def test_a_running_daemons_version_is_its_own_binarys(tmp_path: Path) -> None:
+    """The version checked is the running daemon's (node-setup's probe on a node whose containerd is not the
+    one on PATH, or not on PATH at all), through /proc/<pid>/exe."""
+    import shutil
+    import subprocess
+
+    from gpuhook.doctor.daemons import Daemon
+
+    if shutil.which("gcc") is None:
+        pytest.skip("needs gcc")
+    source = tmp_path / "fake.c"
+    source.write_text('#include <stdio.h>\n#include <string.h>\n#include <unistd.h>\n'
+                      'int main(int c, char **v) { if (c > 1 && !strcmp(v[1], "--version")) '
+                      '{ puts("containerd github.com/containerd/containerd v9.8.7 abc"); return 0; } pause(); }\n')
+    binary = tmp_path / "containerd"
+    subprocess.run(["gcc", "-o", str(binary), str(source)], check=True)
+    proc = subprocess.Popen([str(binary)])
+    try:
+        assert rt._daemon_version("containerd", [Daemon("containerd", proc.pid, None)]) == (9, 8, 7)
+        assert rt._daemon_version("containerd", [Daemon("crio", proc.pid, None)]) != (9, 8, 7)
+    finally:
+        proc.kill()
+        proc.wait()

@@ -17,6 +17,7 @@ from gpuhook.nodesetup.setup import (
     RUNTIMES,
     Options,
     check_options,
+    find_runtime,
     install,
     journal_path,
     real,
@@ -143,13 +144,14 @@ def run_cmd(keep: bool, **kw: str) -> None:
 @_options
 def probe_cmd(**kw: str) -> None:
     """Readiness: the install is complete and the installed gpuhook's `doctor` passes, run on the host by the
-    host's copy (so it checks the runtime's real configuration and the payload itself)."""
+    host's copy in the runtime daemon's mount namespace (so it checks the configuration that daemon reads,
+    and the payload itself)."""
     opts = _make(**kw)  # type: ignore[arg-type]
     if not os.path.isfile(real(opts, journal_path(opts))):
         raise GpuhookError(f"not installed: no journal at {journal_path(opts)}")
-    argv = [os.path.join(opts.prefix, "bin", "gpuhook"), "doctor", "--driver-root", opts.driver_root]
-    if opts.runtime != "auto":
-        argv += ["--runtime", opts.runtime]
+    name, _config, daemon = find_runtime(opts)
+    argv = [os.path.join(opts.prefix, "bin", "gpuhook"), "doctor", "--driver-root", opts.driver_root,
+            "--runtime", name]
     if opts.host_root != "/":
-        argv = ["nsenter", "--target=1", "--mount", "--", *argv]
+        argv = ["nsenter", f"--target={daemon.pid if daemon else 1}", "--mount", "--", *argv]
     sys.exit(subprocess.run(argv, check=False).returncode)

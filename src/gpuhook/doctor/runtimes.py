@@ -426,13 +426,24 @@ def _daemon_paths(name: str, paths: Paths, daemons: Sequence[Daemon]) -> tuple[l
     return [with_config(name, paths, c) for c in configs], notes
 
 
+def _daemon_version(name: str, daemons: Sequence[Daemon]) -> Version | None:
+    """The running daemon's own binary's version (a node may have another, older one on PATH, or none), else
+    the one on PATH."""
+    for daemon in daemons:
+        if daemon.runtime == name:
+            found = version_of(f"/proc/{daemon.pid}/exe")
+            if found is not None:
+                return found
+    return version_of(BINARIES.get(name, name))
+
+
 def check_runtimes(names: Sequence[str], specs: SpecStatus, paths: Paths = Paths(),
                    versions: dict[str, Version | None] | None = None,
                    daemons: Sequence[Daemon] | None = None) -> list[Finding]:
     """Findings for each runtime in `names` (versions from `<binary> --version` unless given), checking the config
     file each running daemon uses (`daemons`: from this host's process table unless given)."""
-    versions = versions if versions is not None else {n: version_of(BINARIES[n]) for n in names}
     daemons = running_daemons() if daemons is None else daemons
+    versions = versions if versions is not None else {n: _daemon_version(n, daemons) for n in names}
     checks = {"podman": check_podman, "crio": check_crio, "containerd": check_containerd, "docker": check_docker}
     out: list[Finding] = []
     for name in names:

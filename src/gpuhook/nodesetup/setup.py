@@ -59,7 +59,7 @@ def check_options(opts: Options) -> None:
         raise GpuhookError(f"the host root {opts.host_root!r} is not a directory (mount the host's / there)")
 
 
-def _runtime(opts: Options) -> tuple[str, str, runtime.Daemon | None]:
+def find_runtime(opts: Options) -> tuple[str, str, runtime.Daemon | None]:
     names = ("containerd", "crio") if opts.runtime == "auto" else (opts.runtime,)
     for name in names:
         config = opts.runtime_config or runtime.CONFIGS[name]
@@ -80,7 +80,7 @@ def install(opts: Options, source: payload.Source, entry_script: Callable[[str, 
     if os.path.lexists(real(opts, opts.prefix)):
         raise GpuhookError(f"{opts.prefix} exists on the host and is not node-setup's (no journal in it): "
                            "pass another --prefix or remove it")
-    name, config, daemon = _runtime(opts)
+    name, config, daemon = find_runtime(opts)
     journal = Journal(real(opts, journal_path(opts)), opts.host_root)
     layout = payload.Layout(opts.prefix)
     try:
@@ -154,7 +154,7 @@ def uninstall(opts: Options) -> Report:
     report.lines.append(f"removed {opts.prefix} and put back {len(journal.entries)} recorded path(s)")
     if touched_runtime:
         try:
-            name, config, daemon = _runtime(opts)
+            name, config, daemon = find_runtime(opts)
             report.lines.append(runtime.restart(opts.restart, name, opts.unit or name, daemon,
                                                 real(opts, config), config))
         except GpuhookError as exc:
