@@ -128,9 +128,22 @@ def test_crio_gets_its_drop_in_and_loses_it_again(tmp_path: Path) -> None:
     assert snapshot(host) == before
 
 
+def test_an_empty_prefix_is_used_and_left_as_it_was_found(tmp_path: Path) -> None:
+    """The device plugin's hostPath volume (DirectoryOrCreate) makes the prefix when its pod starts first."""
+    host = stand_in_host(tmp_path)
+    (host / "usr/local/gpuhook").mkdir()
+    before = snapshot(host)
+    opts = Options(str(host), "/usr/local/gpuhook", runtime="containerd", restart="none")
+    install(opts, source(), entry_script)
+    assert (host / "usr/local/gpuhook/bin/gpuhook-hook").is_file()
+    uninstall(opts)
+    assert snapshot(host) == before
+
+
 def test_a_prefix_that_is_not_ours_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
     host = stand_in_host(tmp_path)
     (host / "usr/local/gpuhook").mkdir()
+    (host / "usr/local/gpuhook/somebody-elses").write_text("")
     before = snapshot(host)
     opts = Options(str(host), "/usr/local/gpuhook", runtime="containerd", restart="none")
     with pytest.raises(GpuhookError, match="exists on the host and is not node-setup's"):

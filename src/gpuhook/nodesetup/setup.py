@@ -77,7 +77,7 @@ def install(opts: Options, source: payload.Source, entry_script: Callable[[str, 
     report = Report()
     if os.path.lexists(real(opts, journal_path(opts))):
         report.lines += ["an earlier install is there: undoing it first", *uninstall(opts).lines]
-    if os.path.lexists(real(opts, opts.prefix)):
+    if _occupied(real(opts, opts.prefix)):
         raise GpuhookError(f"{opts.prefix} exists on the host and is not node-setup's (no journal in it): "
                            "pass another --prefix or remove it")
     name, config, daemon = find_runtime(opts)
@@ -110,6 +110,14 @@ def install(opts: Options, source: payload.Source, entry_script: Callable[[str, 
         raise
     report.seconds = time.monotonic() - start
     return report
+
+
+def _occupied(path: str) -> bool:
+    """Whether `path` holds anything: an empty folder is fine (the device plugin's hostPath volume makes the
+    prefix when its pod starts first) and is left as it was found."""
+    if not os.path.lexists(path):
+        return False
+    return os.path.islink(path) or not os.path.isdir(path) or bool(os.listdir(path))
 
 
 def hook_config(opts: Options) -> str:
