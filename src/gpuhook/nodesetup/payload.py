@@ -157,11 +157,11 @@ def cli_script(layout: Layout, version: str) -> str:
 
 def build(source: Source, layout: Layout, real_prefix: str,
           entry_script: Callable[[str, Sequence[str]], str]) -> dict[str, int]:
-    """Write the payload into `real_prefix` (where the host's prefix is seen from here; it must not exist
-    yet); returns sizes in bytes per part."""
+    """Write the payload into `real_prefix` (where the host's prefix is seen from here); returns the disk
+    used in bytes per part ("total": all of it, each part counted once)."""
     v = source.version
     lib = os.path.join(real_prefix, "lib")
-    os.makedirs(os.path.join(real_prefix, "libexec"))
+    os.makedirs(os.path.join(real_prefix, "libexec"), exist_ok=True)
     interpreter = os.path.join(real_prefix, "libexec", "python" + v)
     shutil.copy2(source.interpreter, interpreter)
     stdlib = os.path.join(lib, "python" + v)
@@ -192,8 +192,10 @@ def build(source: Source, layout: Layout, real_prefix: str,
         os.chmod(hook, 0o755)
     else:
         _write(hook, text)
-    return {part: du(os.path.join(real_prefix, *part.split("/")))
-            for part in ("libexec", f"lib/python{v}", f"lib/python{v}/site-packages", "lib/ld", "bin")}
+    sizes = {part: du(os.path.join(real_prefix, *part.split("/")))
+             for part in ("libexec", f"lib/python{v}", f"lib/python{v}/site-packages", "lib/ld", "bin")}
+    sizes["total"] = du(real_prefix)
+    return sizes
 
 
 def _write(path: str, text: str) -> None:

@@ -91,7 +91,7 @@ def install(opts: Options, source: payload.Source, entry_script: Callable[[str, 
         report.sizes = payload.build(source, layout, real(opts, opts.prefix), entry_script)
         os.makedirs(real(opts, layout.path("etc")))
         write_atomic(real(opts, layout.hook_config()), hook_config(opts).encode(), 0o644)
-        report.lines.append(f"installed gpuhook under {opts.prefix} ({sum(report.sizes.values()) >> 20} MiB, "
+        report.lines.append(f"installed gpuhook under {opts.prefix} ({report.sizes['total'] >> 20} MiB, "
                             f"Python {source.version} with its own loader and libraries)")
         change = runtime.plan(name, daemon, opts.host_root, config, layout.hook(), layout.hook_config())
         for file in change.files:
