@@ -5,9 +5,11 @@ from collections.abc import Iterator
 
 import pytest
 from support.fakefix import *  # noqa: F401,F403
+from support.hostpaths import host_changes, host_snapshot
 from support.kubeletfix import *  # noqa: F401,F403
 from support.realfix import *  # noqa: F401,F403
 from support.service import service_mode, session_service
+from support.servicefix import *  # noqa: F401,F403
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -28,3 +30,29 @@ def _service_mode(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         errors = running.log.read_text(errors="replace")
         assert alive, f"gpuhook service died during the session: {errors[-800:]}"
         assert "Traceback" not in errors, errors[-2000:]
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[_HOST_KEY] = host_snapshot()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    before = session.config.stash.get(_HOST_KEY, None)
+    if before is None:
+        return
+    changed = host_changes(before, host_snapshot())
+    if changed:
+        session.config.stash[_CHANGED_KEY] = changed
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    changed = terminalreporter.config.stash.get(_CHANGED_KEY, [])
+    if changed:
+        terminalreporter.section("host paths changed during the session", red=True)
+        for word in changed:
+            terminalreporter.line(f"FAILED: {word} (a test wrote outside its temp dirs)", red=True)
+
+
+_HOST_KEY = pytest.StashKey[dict[str, object]]()
+_CHANGED_KEY = pytest.StashKey[list[str]]()

@@ -1,5 +1,6 @@
-"""Issue 25: a runtime that ignores CDI devices is made visible. The record a hook or shim leaves (written for
-real into a temp state dir) and the device plugin's watcher (a real directory, real inotify) that logs it once."""
+"""A runtime that ignores CDI devices is made visible. The record a hook or shim leaves (written for real into a
+temp state dir) only for a marker this node's plugin sealed, and the device plugin's watcher (a real directory,
+real inotify) that logs it once."""
 
 from __future__ import annotations
 
@@ -11,12 +12,20 @@ from pathlib import Path
 
 import pytest
 
-from gpuhook.hook.cdiignored import record
+from gpuhook.fileio.secret import ensure_secret
+from gpuhook.hook import cdiignored as hook_record
 from gpuhook.model import cdiignored
-from gpuhook.model.contract import CDI_IGNORED_RECORD, STATE_DIR
+from gpuhook.model.contract import CDI_IGNORED_RECORD, PLUGIN_KEY, SERVICE_SOCKET, STATE_DIR
 from gpuhook.plugin.cdiignored import CdiIgnoredWatch
 
 NAMES = ("nvidia.com/gpu=GPU-a", "nvidia.com/gpu=GPU-b")
+
+
+def record(state_dir: str, container_id: str, names: tuple[str, ...]) -> str:
+    """hook/cdiignored.record for a marker sealed as the plugin seals it, with the node's key in `state_dir`
+    (made there as the plugin makes it, when the folder can hold it)."""
+    key = ensure_secret(os.path.join(state_dir, PLUGIN_KEY)) if state_dir else b""
+    return hook_record.record(state_dir, container_id, names, cdiignored.seal(key, ",".join(names)))
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
@@ -43,14 +52,36 @@ def test_record_is_a_regular_file_the_plugin_parses(tmp_path: Path) -> None:
     rec = cdiignored.parse(path.read_bytes())
     assert rec is not None and (rec.container, rec.devices) == ("c0ffee", ",".join(NAMES))
     assert rec.time.endswith("Z") and len(rec.time) == 20
-    assert [p.name for p in state.iterdir()] == [CDI_IGNORED_RECORD]  # no temp file left
+    assert sorted(p.name for p in state.iterdir()) == [CDI_IGNORED_RECORD, PLUGIN_KEY]  # no temp file left
+    assert (state / PLUGIN_KEY).stat().st_mode & 0o777 == 0o600
 
 
-def test_the_first_record_stays(tmp_path: Path) -> None:
+def test_the_newest_record_is_kept(tmp_path: Path) -> None:
     record(str(tmp_path), "first", NAMES)
+    assert record(str(tmp_path), "second", NAMES[:1]).endswith(f"recorded in {tmp_path / CDI_IGNORED_RECORD}")
+    rec = cdiignored.parse((tmp_path / CDI_IGNORED_RECORD).read_bytes())
+    assert rec is not None and (rec.container, rec.devices) == ("second", NAMES[0])  # one file per node
+
+
+@pytest.mark.parametrize("marker", [",".join(NAMES), ",".join(NAMES) + ";" + "0" * 32, ",".join(NAMES) + ";x"],
+                         ids=["unsealed", "wrong-seal", "short-seal"])
+def test_a_marker_the_plugin_did_not_seal_leaves_no_record(tmp_path: Path, marker: str) -> None:
+    """An image that sets GPUHOOK_CDI_DEVICES itself cannot know the node's key: no record, so none it forges
+    can mask a real one; the log line says why."""
+    record(str(tmp_path), "real", NAMES)
     before = (tmp_path / CDI_IGNORED_RECORD).read_bytes()
-    assert record(str(tmp_path), "second", NAMES[:1]) == f"runtime ignored CDI devices {NAMES[0]}"
-    assert (tmp_path / CDI_IGNORED_RECORD).read_bytes() == before  # one file per node, never rewritten
+    note = hook_record.record(str(tmp_path), "forged", NAMES, marker)
+    assert note.endswith("; no record: the marker is not sealed by this node's device plugin")
+    assert (tmp_path / CDI_IGNORED_RECORD).read_bytes() == before
+    other_key = cdiignored.seal(b"another node", ",".join(NAMES))
+    assert "no record" in hook_record.record(str(tmp_path), "other", NAMES, other_key)
+
+
+def test_a_key_anyone_may_read_is_no_key(tmp_path: Path) -> None:
+    record(str(tmp_path), "real", NAMES)
+    (tmp_path / PLUGIN_KEY).chmod(0o644)
+    key = (tmp_path / PLUGIN_KEY).read_bytes().strip()
+    assert "no record" in hook_record.record(str(tmp_path), "c", NAMES, cdiignored.seal(key, ",".join(NAMES)))
 
 
 def test_a_link_at_the_record_is_neither_followed_nor_replaced(tmp_path: Path) -> None:
@@ -179,6 +210,6 @@ def test_the_defaults_meet_on_the_node() -> None:
     mount = next(m for m in container["volumeMounts"] if m["name"] == volume["name"])
     flag = next(a for a in container["args"] if a.startswith("--hook-state-dir="))
     assert flag.split("=", 1)[1].split("#")[0].strip() == mount["mountPath"] == STATE_DIR
-    assert mount["readOnly"] is True
-    for beside in (Config().service_socket, Config().inventory_cache):  # what the plugin's container must not see
+    assert mount.get("readOnly", False) is False  # the plugin makes the node's key there (plugin.key)
+    for beside in (SERVICE_SOCKET, Config().inventory_cache):  # what the plugin's container must not see
         assert not (os.path.dirname(beside) + "/").startswith(STATE_DIR.rstrip("/") + "/"), beside

@@ -74,6 +74,29 @@ def test_healthy_host(fake_driver: Any, tmp_path: Path) -> None:
     assert text.exit_code == 0 and text.output.splitlines()[-1] == "no problems found"
 
 
+def test_docker_managed_and_other_users_daemons_are_not_judged(fake_daemon: Any, tmp_path: Path) -> None:
+    """Docker's own containerd (its config under dockerd's exec root) and another user's daemon start no
+    container of this host's runtime set-up: named, never a PROBLEM; a daemon of our own still is checked."""
+    from gpuhook.doctor.daemons import Daemon, running_daemons
+
+    managed = fake_daemon("containerd", "--config", "/var/run/docker/containerd/containerd.toml")
+    (found,) = [d for d in running_daemons() if d.pid == managed.pid]
+    assert found.managed_by == "docker"
+    p = paths(tmp_path)
+    status = spec_status(tmp_path / "cdi")
+    other = Daemon("containerd", 4242, "/home/u/.config/containerd/config.toml", uid=1000)
+    for daemons in ([found], [other], [found, other]):
+        out = rt.check_runtimes(["containerd"], status, p, {"containerd": (1, 6, 20)}, daemons)
+        assert statuses(out) == [INFO] * len(daemons), out
+    assert "Docker's own, started by dockerd" in rt.check_runtimes(
+        ["containerd"], status, p, {"containerd": (1, 6, 20)}, [found])[0].message
+    assert "runs as uid 1000: another user's daemon" in rt.check_runtimes(
+        ["containerd"], status, p, {"containerd": (1, 6, 20)}, [other])[0].message
+    ours = Daemon("containerd", 4343, p.containerd_config)
+    out = rt.check_runtimes(["containerd"], status, p, {"containerd": (1, 6, 20)}, [found, ours])
+    assert statuses(out) == [INFO, INFO, PROBLEM]
+
+
 def test_hook_config_gives_the_roots(fake_driver: Any, tmp_path: Path) -> None:
     config = config_file(tmp_path, driver_root=str(fake_driver.root), proc_root=str(fake_driver.root / "proc"))
     result, report = doctor("--config", str(config), "--spec-dir", str(tmp_path))
@@ -87,6 +110,23 @@ def test_no_driver(tmp_path: Path) -> None:
     assert result.exit_code == 1
     (problem,) = problems(report)
     assert "no usable NVIDIA driver" in problem["message"] and "--driver-root" in problem["fix"]
+
+
+def test_no_driver_installed_is_said_so(tmp_path: Path) -> None:
+    """Without libraries, a loaded module or one on disk, no modprobe can help: doctor says nothing is installed;
+    with the module on disk for the running kernel, loading it is the fix."""
+    (tmp_path / "proc").mkdir()
+    args = ("--driver-root", str(tmp_path), "--proc-root", str(tmp_path / "proc"), "--spec-dir", str(tmp_path))
+    result, report = doctor(*args)
+    (problem,) = problems(report)
+    assert problem["message"].startswith("no NVIDIA driver is installed on this host"), problem
+    assert "modprobe" not in problem["fix"] and problem["fix"].startswith("install the NVIDIA driver")
+    module = tmp_path / "lib/modules" / os.uname().release / "updates/dkms/nvidia.ko.xz"
+    module.parent.mkdir(parents=True)
+    module.write_bytes(b"")
+    result, report = doctor(*args)
+    (problem,) = problems(report)
+    assert "no usable NVIDIA driver" in problem["message"] and problem["fix"] == "modprobe nvidia"
 
 
 def test_missing_node_then_the_fix(fake_driver_factory: Any, tmp_path: Path) -> None:
@@ -192,7 +232,8 @@ def test_spec_that_does_not_load_and_conflicts(fake_driver: Any, tmp_path: Path)
     assert result.exit_code == 1
     found = [f["message"] for f in problems(report)]
     assert any(m.startswith(f"{tmp_path / 'broken.yaml'} does not load") for m in found)
-    assert any("nvidia.com/gpu=0 is defined by" in m and "cannot resolve it" in m for m in found)
+    (clash,) = [m for m in found if m.startswith("CDI name clash: ")]  # one line for the pair, not per name
+    assert "nvidia.com/gpu=0" in clash and "resolves none of these" in clash
 
 
 def test_shadowed_stale_spec_is_a_warning(fake_driver: Any, fake_driver_factory: Any, tmp_path: Path) -> None:
@@ -366,12 +407,17 @@ def test_docker_without_anything_then_configured(tmp_path: Path) -> None:
     p = paths(tmp_path)
     status = spec_status(tmp_path / "cdi")
     (problem,) = rt.check_docker((24, 0, 5), p, status)
-    assert problem.status == PROBLEM and problem.fix == "gpuhook runtime configure --runtime docker --mode hook"
-    configure("docker", "hook", Path(p.docker_config))
+    # the fix names the config checked (here not the default one), and runs as it is
+    assert problem.status == PROBLEM
+    assert problem.fix == f"gpuhook runtime configure --runtime docker --config {p.docker_config} --mode hook"
+    result = CliRunner().invoke(cli, shlex.split(problem.fix)[1:], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
     found = rt.check_docker((24, 0, 5), p, status)
     assert statuses(found) == [OK] and "runtime 'gpuhook'" in found[0].message
-    (problem,) = rt.check_docker((25, 0), paths(tmp_path / "other"), status)
-    assert problem.fix == "gpuhook runtime configure --runtime docker --mode cdi"
+    other = paths(tmp_path / "other")
+    (problem,) = rt.check_docker((25, 0), other, status)
+    assert problem.fix == f"gpuhook runtime configure --runtime docker --config {other.docker_config} --mode cdi"
+    assert rt.Paths().configure("docker", "cdi") == "gpuhook runtime configure --runtime docker --mode cdi"
     configure("docker", "cdi", Path(paths(tmp_path / "other").docker_config))
     found = rt.check_docker((25, 0), paths(tmp_path / "other"), spec_status(tmp_path / "other" / "cdi"))
     assert statuses(found) == [OK] and "CDI devices" in found[0].message
@@ -406,7 +452,7 @@ def test_containerd_1_6_and_1_7(tmp_path: Path) -> None:
     p = paths(tmp_path)
     status = spec_status(tmp_path / "cdi")
     (problem,) = rt.check_containerd((1, 6, 20), p, status)
-    assert problem.fix == "gpuhook runtime configure --runtime containerd --mode hook"
+    assert problem.fix == f"gpuhook runtime configure --runtime containerd --config {p.containerd_config} --mode hook"
     config = Path(p.containerd_config)
     config.parent.mkdir(parents=True)
     config.write_text("version = 2\n")
@@ -415,7 +461,8 @@ def test_containerd_1_6_and_1_7(tmp_path: Path) -> None:
     assert statuses(rt.check_containerd((1, 6, 20), p, status)) == [OK]
     other = paths(tmp_path / "b")
     (problem,) = [f for f in rt.check_containerd((1, 7, 2), other, status) if f.status == PROBLEM]
-    assert problem.fix == "gpuhook runtime configure --runtime containerd --mode cdi"
+    assert problem.fix == (f"gpuhook runtime configure --runtime containerd --config {other.containerd_config} "
+                           "--mode cdi")
     configure("containerd", "cdi", Path(other.containerd_config))
     text = Path(other.containerd_config).read_text()  # it lists /etc/cdi and /var/run/cdi: point it at ours
     Path(other.containerd_config).write_text(text.replace('"/etc/cdi"', f'"{tmp_path / "b" / "cdi"}"'))
@@ -425,7 +472,13 @@ def test_containerd_1_6_and_1_7(tmp_path: Path) -> None:
 
 def test_a_recorded_runtime_that_ignored_cdi_devices_is_one_warning(tmp_path: Path, fake_driver: Any) -> None:
     """The hook's or shim's record (hook/cdiignored.py), as the device plugin says it; none without one."""
-    from gpuhook.hook.cdiignored import record
+    from gpuhook.fileio.secret import ensure_secret
+    from gpuhook.hook.cdiignored import record as hook_record
+    from gpuhook.model.cdiignored import seal
+    from gpuhook.model.contract import PLUGIN_KEY
+
+    def record(state: str, container: str, names: tuple[str, ...]) -> None:  # as the plugin seals its marker
+        hook_record(state, container, names, seal(ensure_secret(os.path.join(state, PLUGIN_KEY)), ",".join(names)))
 
     state = tmp_path / "state"
     config = config_file(tmp_path, state_dir=str(state))

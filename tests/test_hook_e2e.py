@@ -176,11 +176,14 @@ def test_untouched_containers(e2e: Path, fake_driver: Any, env: list[str]) -> No
 
 
 def test_a_runtime_that_ignored_cdi_devices_is_recorded_for_the_plugin(e2e: Path, fake_driver: Any) -> None:
-    """Allocate's marker beside a variable no CDI spec turned to void: the GPU as always, and the record."""
+    """Allocate's marker (sealed with the node's key, as the plugin seals it) beside a variable no CDI spec turned
+    to void: the GPU as always, and the record."""
+    from gpuhook.fileio.secret import ensure_secret
     from gpuhook.model import cdiignored
+    from gpuhook.model.contract import PLUGIN_KEY
 
     state = e2e / "state"
-    marker = "GPUHOOK_CDI_DEVICES=nvidia.com/gpu=1"
+    marker = "GPUHOOK_CDI_DEVICES=" + cdiignored.seal(ensure_secret(str(state / PLUGIN_KEY)), "nvidia.com/gpu=1")
     result, rootfs = run(e2e, fake_driver, ["NVIDIA_VISIBLE_DEVICES=1", marker], {"state_dir": str(state)})
     assert result.returncode == 0, result.stderr
     assert nodes(result.stdout) == ["nvidia-uvm", "nvidia-uvm-tools", "nvidia1", "nvidiactl"]
@@ -191,7 +194,7 @@ def test_a_runtime_that_ignored_cdi_devices_is_recorded_for_the_plugin(e2e: Path
     applied, _ = run(e2e, fake_driver, ["NVIDIA_VISIBLE_DEVICES=void", marker], {"state_dir": str(state)},
                      rootfs=rootfs)
     assert applied.returncode == 0 and nodes(applied.stdout) == []  # the CDI runtime's void: untouched
-    assert list(state.iterdir()) == []
+    assert [p.name for p in state.iterdir()] == [PLUGIN_KEY]
 
 
 def test_utility_only(e2e: Path, fake_driver: Any) -> None:

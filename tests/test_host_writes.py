@@ -191,3 +191,27 @@ def test_runtime_configure_refuses_special_files(tmp_path: Path, unix_socket: Pa
     same_node(node)
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and folder.is_dir()
     only(tmp_path, "null", "fifo.toml", "dir.json", "sock")
+
+
+def test_the_session_check_sees_every_kind_of_change(tmp_path: Path) -> None:
+    """tests/conftest.py fails the suite when a watched host path changes (support/hostpaths.py): a file
+    created, appended to or removed, an entry added below a folder."""
+    from support.hostpaths import host_changes, host_snapshot
+
+    log, folder = tmp_path / "gpuhook.log", tmp_path / "docker"
+    folder.mkdir()
+    watched = (str(log), str(folder))
+    before = host_snapshot(watched)
+    assert host_changes(before, host_snapshot(watched)) == []
+    log.write_text("x\n")
+    assert host_changes(before, host_snapshot(watched)) == [f"{log} created"]
+    (folder / "key.json").write_text("{}")
+    changed = host_changes(before, host_snapshot(watched))
+    assert f"{folder}/key.json created" in changed and f"{folder} changed" in changed
+    before = host_snapshot(watched)
+    with log.open("a") as f:
+        f.write("more\n")
+    log_changed = host_changes(before, host_snapshot(watched))
+    assert log_changed == [f"{log} changed"]
+    log.unlink()
+    assert host_changes(before, host_snapshot(watched)) == [f"{log} removed"]

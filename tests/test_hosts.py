@@ -216,7 +216,7 @@ def test_info_json_keys_are_all_documented(fake_driver_mig: Any) -> None:
                 walk(v, parent)
 
     walk(json.loads(result.stdout))
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    section = readme[readme.index("### `gpuhook info --json`"):readme.index("## Discovery")]
+    page = (Path(__file__).parent.parent / "docs" / "discovery.md").read_text()
+    section = page[page.index("## `gpuhook info --json`"):page.index("## Discovery")]
     missing = [k for k in sorted(keys) if not re.search(rf"`{re.escape(k)}(\[\])?`", section)]
     assert missing == []

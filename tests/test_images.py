@@ -65,7 +65,8 @@ def test_node_setup_from_its_image_installs_a_hook_that_runs_on_the_host(fake_dr
     assert subprocess.run([str(prefix / "bin/gpuhook"), "--version"], capture_output=True, text=True,
                           check=False).stdout.startswith("gpuhook, version ")  # fmt: skip
     (prefix / "etc/config.toml").write_text(f'driver-root = "{fake_driver.root}"\n'
-                                            f'proc-root = "{fake_driver.root}/proc"\ninventory-cache = ""\n')
+                                            f'proc-root = "{fake_driver.root}/proc"\ninventory-cache = ""\n'
+                                            f'log-file = "{tmp_path}/gpuhook.log"\n')
     hook = {"path": str(prefix / "bin/gpuhook-hook"),
             "args": ["gpuhook-hook", "--config", str(prefix / "etc/config.toml"), "prestart"],
             "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"]}

@@ -290,7 +290,7 @@ def test_daemonset_writes_the_feature_file_into_the_hosts_nfd_directory() -> Non
 def test_readme_pods_select_labels_the_plugin_writes(fake_driver_factory: Any) -> None:
     import yaml
 
-    text = (PLUGIN_DIR / "README.md").read_text(encoding="utf-8")
+    text = (PLUGIN_DIR.parent / "docs" / "device-plugin.md").read_text(encoding="utf-8")
     blocks = [b.split("```", 1)[0] for b in text.split("```yaml\n")[1:]]
     pods = [yaml.safe_load(b) for b in blocks]
     got = labels(inventory(fake_driver_factory(gpus=8, nvlink="bridge")))

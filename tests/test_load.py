@@ -47,7 +47,7 @@ def _of_the_service(proc: psutil.Process) -> bool:
         argv = parent.cmdline() if parent is not None else []
     except psutil.Error:
         return False
-    return "service" in argv and "--socket" in argv
+    return "service" in argv and any(a.endswith("gpuhook") for a in argv)
 
 
 def snapshot() -> dict[str, object]:

@@ -281,7 +281,8 @@ def test_node_setup_configures_and_restarts_a_containerd_then_puts_it_back(
                 "args": ["gpuhook-hook", "--config", str(prefix / "etc/config.toml"), "prestart"],
                 "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"]}
         (prefix / "etc/config.toml").write_text(f'driver-root = "{fake_driver.root}"\n'
-                                                f'proc-root = "{fake_driver.root}/proc"\ninventory-cache = ""\n')
+                                                f'proc-root = "{fake_driver.root}/proc"\ninventory-cache = ""\n'
+                                                f'log-file = "{tmp_path}/gpuhook.log"\n')
         probe = ["sh", "-c", "ls /dev | grep nvidia | sort"]
         if version == "1.6":
             # through the restarted daemon, from the base spec node-setup wrote (what CRI builds a container

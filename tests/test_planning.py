@@ -56,6 +56,16 @@ def test_unknown_device_fails_naming_it(inv: Inventory, value: str) -> None:
         select(inv, value)
 
 
+def test_unknown_device_lists_the_valid_ids(inv: Inventory) -> None:
+    """A refused start says what to ask for instead, the ids as `doctor --env` lists them."""
+    with pytest.raises(RequestError) as err:
+        select(inv, "7")
+    gpus = inv.gpus
+    listed = [str(gpus[0].index), gpus[0].uuid, str(gpus[1].index), gpus[1].uuid]
+    assert f"; this host has: {', '.join(listed)}, 2:0, " in str(err.value)
+    assert str(err.value).endswith(", all, none")
+
+
 def test_plan_one_gpu_compute(inv: Inventory) -> None:
     edits = plan(inv, select(inv, "1"))
     assert [n.path for n in edits.device_nodes] == [
@@ -172,6 +182,19 @@ def test_requirements(inv: Inventory, constraint: str, ok: bool) -> None:
         with pytest.raises(RequirementError, match="unsatisfied requirement") as err:
             check(inv, (constraint,), devices)
         assert "cuda 12.4, driver 550.54.15, arch 9.0, brand nvidia on GPU 0" in str(err.value)
+        assert str(err.value).endswith(", or set NVIDIA_DISABLE_REQUIRE=true to start it without the check")
+
+
+@pytest.mark.parametrize(("constraint", "way"), [
+    ("cuda>=13.0", "install a newer NVIDIA driver (one with CUDA >=13.0)"),
+    ("driver>=560", "install NVIDIA driver >=560"),
+    ("arch>=10.0", "run it on a host whose GPU and driver meet it"),
+    ("brand=geforce", "run it on a host whose GPU and driver meet it"),
+])  # fmt: skip
+def test_an_unmet_requirement_names_the_way_out(inv: Inventory, constraint: str, way: str) -> None:
+    with pytest.raises(RequirementError) as err:
+        check(inv, (constraint,), select(inv, "0").devices)
+    assert str(err.value).endswith(f"; {way}, or set NVIDIA_DISABLE_REQUIRE=true to start it without the check")
 
 
 def test_first_term_that_holds_decides(inv: Inventory) -> None:

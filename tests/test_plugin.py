@@ -25,6 +25,7 @@ from gpuhook.plugin.health import HealthConfig
 from gpuhook.plugin.lifecycle import Plugin, PluginConfig
 
 GPU = "nvidia.com/gpu"
+KIND = "k8s.device-plugin.nvidia.com/gpu"  # the plugin's CDI kind, NVIDIA's
 ALL_STRATEGIES = ("cdi-cri", "envvar", "volume-mounts", "cdi-annotations")
 FAST_HEALTH = HealthConfig(recovery_window=0.5, interval=0.05, event_wait_ms=20)
 
@@ -111,7 +112,7 @@ def test_cdi_spec_written_for_exactly_the_advertised_devices(fake_driver_mig: An
     with running(fake_driver_mig, kubelet, Options(mig_strategy="mixed")) as plugin:
         kubelet.wait_registrations(3)
         spec = codec.read(plugin.spec_path)
-        assert os.path.basename(plugin.spec_path) == "nvidia.com-gpu.yaml"
+        assert os.path.basename(plugin.spec_path) == "k8s.device-plugin.nvidia.com-gpu.json"  # NVIDIA's
         inv = plugin.inventory
         assert inv is not None
         expected = {"all"}
@@ -138,10 +139,16 @@ def test_allocate_one_and_two_devices(fake_driver: Any, kubelet: TestKubelet, id
         assert ids == (uuids(plugin) if id_strategy == "uuid" else ["0", "1"])
         resp = kubelet.client().allocate(ids[:1], ids)
         assert len(resp.container_responses) == 2
-        spec_names = {f"{GPU}={d['name']}" for d in codec.read(plugin.spec_path)["devices"]}
+        cdi_named = {"cdi-cri", "cdi-annotations"} & set(strategies)
+        # as NVIDIA's: a spec only under a CDI strategy (Allocate names no CDI device otherwise)
+        assert bool(plugin.spec_path) == bool(cdi_named)
+        spec_dir = str(plugin.config.cdi_spec_dir)
+        listed = sorted(os.listdir(spec_dir)) if os.path.isdir(spec_dir) else []
+        assert listed == (["k8s.device-plugin.nvidia.com-gpu.json"] if cdi_named else [])
+        spec_names = {f"{KIND}={d['name']}" for d in codec.read(plugin.spec_path)["devices"]} if cdi_named else set()
         for want, got in zip((ids[:1], ids), resp.container_responses):
             cdi = [c.name for c in got.cdi_devices]
-            assert cdi == ([f"{GPU}={i}" for i in want] if "cdi-cri" in strategies else [])
+            assert cdi == ([f"{KIND}={i}" for i in want] if "cdi-cri" in strategies else [])
             assert set(cdi) <= spec_names  # every name Allocate returns resolves in the spec we wrote
             env = dict(got.envs)
             # the marker beside CDI names and the variable, so the hook can tell a runtime that ignored the names
@@ -159,7 +166,7 @@ def test_allocate_one_and_two_devices(fake_driver: Any, kubelet: TestKubelet, id
                               if "volume-mounts" in strategies else [])
             annotations = dict(got.annotations)
             if "cdi-annotations" in strategies:
-                assert annotations == {annotation_key(i): f"{GPU}={i}" for i in want}
+                assert annotations == {annotation_key(i): f"{KIND}={i}" for i in want}
                 assert all(len(k.split("/", 1)[1]) <= 63 for k in annotations)
             else:
                 assert annotations == {}
@@ -171,6 +178,28 @@ def test_annotation_keys_are_valid_names() -> None:
     long_key = annotation_key("MIG-" + "a" * 80)
     assert len(long_key.split("/", 1)[1]) <= 63
     assert long_key == annotation_key("MIG-" + "a" * 80)  # deterministic
+
+
+def test_allocate_seals_its_cdi_marker_with_the_nodes_key(fake_driver: Any, kubelet: TestKubelet,
+                                                          tmp_path: Path) -> None:
+    """With the hooks' state dir, the plugin makes the node's key there (root's alone) and seals the marker with
+    it: the hook then records what this plugin allocated, and nothing an image sets in its own environment."""
+    from gpuhook.fileio.secret import read_secret
+    from gpuhook.hook.cdiignored import record
+    from gpuhook.model import cdiignored
+    from gpuhook.model.contract import PLUGIN_KEY
+
+    state = tmp_path / "records"
+    with running(fake_driver, kubelet, Options(list_strategies=ALL_STRATEGIES), hook_state_dir=str(state)):
+        kubelet.wait_registrations(1)
+        ids = [d.ID for d in kubelet.stream().first().devices]
+        marker = dict(kubelet.client().allocate(ids[:1]).container_responses[0].envs)["GPUHOOK_CDI_DEVICES"]
+    key = read_secret(str(state / PLUGIN_KEY))
+    assert key and (state / PLUGIN_KEY).stat().st_mode & 0o777 == 0o600
+    names = cdiignored.names_of(marker)
+    assert marker != names and cdiignored.sealed_by(key, marker)
+    assert record(str(state), "c1", (names,), marker).endswith(f"recorded in {state / 'cdi-ignored'}")
+    assert "no record" in record(str(state), "c2", (names,), names)  # the same names, unsealed: an image's
 
 
 def test_allocate_unknown_ids_fail_naming_them(fake_driver: Any, kubelet: TestKubelet) -> None:
@@ -196,7 +225,7 @@ def test_allocate_unhealthy_id_fails_naming_it(fake_driver: Any, kubelet: TestKu
             kubelet.client().allocate([ids[1]])
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "unhealthy" in err.value.details() and ids[1] in err.value.details()
-        assert kubelet.client().allocate([ids[0]]).container_responses[0].cdi_devices[0].name == f"{GPU}={ids[0]}"
+        assert kubelet.client().allocate([ids[0]]).container_responses[0].cdi_devices[0].name == f"{KIND}={ids[0]}"
 
 
 # -- GetPreferredAllocation ------------------------------------------------------------------------------------------
@@ -390,7 +419,7 @@ def test_mig_strategy_mixed_one_socket_per_resource(fake_driver_mig: Any, kubele
         assert [d.ID for d in kubelet.stream("nvidia.com/mig-1g.10gb").first().devices] == small
         assert [d.ID for d in kubelet.stream("nvidia.com/mig-2g.20gb").first().devices] == big
         resp = kubelet.client("nvidia.com/mig-1g.10gb").allocate(small)
-        assert [c.name for c in resp.container_responses[0].cdi_devices] == [f"{GPU}={n}" for n in small]
+        assert [c.name for c in resp.container_responses[0].cdi_devices] == [f"{KIND}={n}" for n in small]
         with pytest.raises(grpc.RpcError) as err:  # a GPU id is not a device of the MIG resource
             kubelet.client("nvidia.com/mig-1g.10gb").allocate(["0"])
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -422,7 +451,7 @@ def test_mig_strategy_single(fake_driver_factory: Any, kubelet: TestKubelet) -> 
         ids = [d.ID for d in kubelet.stream().first().devices]
         assert ids == migs and all(i.startswith("MIG-") for i in ids)
         resp = kubelet.client().allocate(ids[:2])
-        assert [c.name for c in resp.container_responses[0].cdi_devices] == [f"{GPU}={i}" for i in ids[:2]]
+        assert [c.name for c in resp.container_responses[0].cdi_devices] == [f"{KIND}={i}" for i in ids[:2]]
 
 
 def test_mig_strategy_single_refuses_mixed_layouts(fake_driver_mig: Any, kubelet: TestKubelet) -> None:
@@ -439,9 +468,9 @@ def test_replicas(fake_driver: Any, kubelet: TestKubelet) -> None:
         c = kubelet.client()
         resp = c.allocate([f"{u[0]}::0", f"{u[0]}::2"], [f"{u[1]}::1"])
         first, second = resp.container_responses
-        assert [d.name for d in first.cdi_devices] == [f"{GPU}={u[0]}"]  # two replicas of one GPU: named once
+        assert [d.name for d in first.cdi_devices] == [f"{KIND}={u[0]}"]  # two replicas of one GPU: named once
         assert first.envs["NVIDIA_VISIBLE_DEVICES"] == u[0]
-        assert [d.name for d in second.cdi_devices] == [f"{GPU}={u[1]}"]
+        assert [d.name for d in second.cdi_devices] == [f"{KIND}={u[1]}"]
         # time-slicing spreads: two replicas come from two GPUs, the least shared first
         assert c.preferred(ids, size=2) == [f"{u[0]}::0", f"{u[1]}::0"]
         assert c.preferred([i for i in ids if i != f"{u[0]}::0"], size=1) == [f"{u[1]}::0"]
@@ -465,7 +494,7 @@ def test_process_registers_serves_and_exits_cleanly_on_sigterm(fake_driver: Any,
         (reg,) = kubelet.wait_registrations(1, timeout=20)
         assert reg.request.endpoint == os.path.basename(sock)
         ids = [d.ID for d in kubelet.stream().first().devices]
-        assert kubelet.client().allocate(ids[:1]).container_responses[0].cdi_devices[0].name == f"{GPU}={ids[0]}"
+        assert kubelet.client().allocate(ids[:1]).container_responses[0].cdi_devices[0].name == f"{KIND}={ids[0]}"
         stream = kubelet.stream()
         proc.signal(signal.SIGTERM)
         assert proc.wait(10) == 0, proc.log()
@@ -576,8 +605,24 @@ def test_spec_host_paths_rebased_to_the_host_driver_root(fake_driver: Any, workd
     assert cdispec.rebase("/usr/lib/x", "/", "/run/nvidia/driver") == "/run/nvidia/driver/usr/lib/x"
 
 
+def test_spec_host_paths_with_a_dev_root_apart(fake_driver: Any, workdir: str) -> None:
+    """NVIDIA_DRIVER_ROOT=/run/nvidia/driver (a driver container) with NVIDIA_DEV_ROOT=/: mounts name the driver
+    root, device nodes the host's /dev."""
+    from gpuhook.plugin import cdispec
+    from gpuhook.plugin.devices import plan
+
+    inv = inventory(fake_driver)
+    path = cdispec.write(inv, plan(inv, Options()), os.path.join(workdir, "cdi"), "/usr/local/bin/gpuhook",
+                         "/run/nvidia/driver", "/")
+    spec = codec.read(path)
+    nodes = {n["hostPath"] for d in spec["devices"] for n in d["containerEdits"].get("deviceNodes", [])}
+    assert "/dev/nvidia0" in nodes and all(n.startswith("/dev/") for n in nodes)
+    mounts = spec["containerEdits"]["mounts"]
+    assert mounts and all(m["hostPath"].startswith("/run/nvidia/driver/") for m in mounts)
+
+
 def test_sighup_rediscovers_and_registers_again(fake_driver: Any, kubelet: TestKubelet, workdir: str) -> None:
-    spec = os.path.join(workdir, "cdi", "nvidia.com-gpu.yaml")
+    spec = os.path.join(workdir, "cdi", "k8s.device-plugin.nvidia.com-gpu.json")
     with PluginProcess(plugin_args(fake_driver, kubelet), os.path.join(workdir, "log")) as proc:
         kubelet.wait_registrations(1, timeout=20)
         before = os.stat(spec).st_mtime_ns
@@ -668,11 +713,11 @@ def test_allocate_and_preferred_allocation_are_logged(fake_driver: Any, kubelet:
             kubelet.client().allocate(["7"])
     lines = [r.getMessage() for r in caplog.records if r.name == "gpuhook.plugin.server"]
     allocate = [m for m in lines if m.startswith("Allocate ")]
-    assert re.fullmatch(rf"Allocate {GPU}: ids \[1\]; \[0,1\] -> \[{GPU}=1\]; \[{GPU}=0,{GPU}=1\] in \d+\.\d ms",
+    assert re.fullmatch(rf"Allocate {GPU}: ids \[1\]; \[0,1\] -> \[{KIND}=1\]; \[{KIND}=0,{KIND}=1\] in \d+\.\d ms",
                         allocate[0]), allocate
     assert re.fullmatch(rf"Allocate {GPU}: ids \[7\] refused in \d+\.\d ms: unknown device ids: 7", allocate[1])
     preferred = [m for m in lines if m.startswith("GetPreferredAllocation ")]
-    assert re.fullmatch(rf"GetPreferredAllocation {GPU}: available \[1,0\] must \[\] size 1 -> \[0\] \({GPU}=0\) "
+    assert re.fullmatch(rf"GetPreferredAllocation {GPU}: available \[1,0\] must \[\] size 1 -> \[0\] \({KIND}=0\) "
                         r"in \d+\.\d ms", preferred[0]), preferred
     info = {r.getMessage(): r.levelno for r in caplog.records}
     assert info[allocate[0]] == logging.INFO and info[preferred[0]] == logging.INFO

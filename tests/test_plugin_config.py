@@ -23,6 +23,7 @@ from gpuhook.plugin.settings import parse_go_bool, resolve
 DATA = Path(__file__).parent / "data" / "nvidia_device_plugin_v0.20.0_config.yaml"
 TABLE = yaml.safe_load(DATA.read_text(encoding="utf-8"))
 GPU = "nvidia.com/gpu"
+KIND = "k8s.device-plugin.nvidia.com/gpu"  # the plugin's CDI kind, NVIDIA's
 WARNING_WORDS = ("rename", "devices", "resources")
 
 
@@ -83,8 +84,7 @@ def test_the_table_covers_every_nvidia_test() -> None:
 
 @pytest.mark.parametrize("text, message", [
     ("version: v2\n", "version: unknown version 'v2' (expected v1)"),
-    ("version: v1\nflags:\n  plugin:\n    deviceListStratgy: envvar\n",
-     "flags.plugin: unknown key flags.plugin.deviceListStratgy"),
+    ("version: v1\nflags:\n  gfd:\n    oneshoot: true\n", "flags.gfd: unknown key flags.gfd.oneshoot"),
     ("bogus: 1\nother: 2\n", "unknown keys bogus, other"),
     ("flags:\n  migStrategy: half\n", "flags.migStrategy: 'half' is not one of none, single, mixed"),
     ("flags:\n  failOnInitError: maybe\n", "flags.failOnInitError: 'maybe' is not a boolean"),
@@ -102,6 +102,16 @@ def test_bad_files_are_one_line_naming_the_key(text: str, message: str) -> None:
         config.parse(text, "/etc/config/config.yaml")
     assert message in str(err.value) and "\n" not in str(err.value)
     assert str(err.value).startswith("/etc/config/config.yaml: ")
+
+
+def test_unknown_plugin_flags_are_a_warning_and_the_rest_is_read() -> None:
+    """NVIDIA's plugin ignores an unknown key under flags.plugin (a later release's, or a typo): the file is
+    accepted with one warning naming it, and what it does say still counts."""
+    got = config.parse("version: v1\nflags:\n  plugin:\n    deviceListStratgy: envvar\n    futureKey: 1\n"
+                       "    deviceIDStrategy: index\n", "/etc/config/config.yaml")
+    assert got.id_strategy == "index"
+    assert got.warnings == ("unknown keys flags.plugin.deviceListStratgy, flags.plugin.futureKey ignored (not in "
+                            "NVIDIA's v1 schema; NVIDIA's plugin ignores it too)",)
 
 
 # nvidia.com/gpu time-sliced 3 ways, renamed nvidia.com/gpu.shared, one replica per container
@@ -176,8 +186,10 @@ def cli_options(monkeypatch: pytest.MonkeyPatch, args: list[str], env: dict[str,
 
     def capture(cfg: Any, load: Any) -> None:
         seen["config"] = cfg
+        load()  # (load_inventory replaced: it records the roots the plugin would read)
 
     monkeypatch.setattr(cli, "serve_forever", capture)
+    monkeypatch.setattr(cli, "load_inventory", lambda *args: READ.__setitem__(0, args[:2]))
     result = CliRunner().invoke(cli.device_plugin, ["--hook-path", "/bin/true", *args], env=env)
     if result.exit_code != 0:
         return result
@@ -209,10 +221,44 @@ def test_defaults_without_file_or_environment(monkeypatch: pytest.MonkeyPatch) -
     assert cfg.host_driver_root is None
 
 
-def test_driver_roots_from_nvidia_names(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """NVIDIA_DRIVER_ROOT is the driver root as the runtime sees it (gpuhook's --host-driver-root)."""
-    cfg = cli_options(monkeypatch, ["--driver-root", "/driver-root"], {"NVIDIA_DRIVER_ROOT": "/run/nvidia/driver"})
-    assert cfg.host_driver_root == "/run/nvidia/driver"
+READ: list[Any] = [None]  # the (driver root, dev root) the last cli_options run would read
+
+
+@pytest.mark.parametrize(("args", "env", "read", "host"), [
+    # on the host itself (no /driver-root): read where the runtime finds it, nothing rebased
+    ([], {}, (None, None), (None, None)),
+    ([], {"NVIDIA_DRIVER_ROOT": "/run/nvidia/driver"}, ("/run/nvidia/driver", None), (None, None)),
+    (["--driver-root", "/run/nvidia/driver"], {"NVIDIA_DRIVER_ROOT": "/elsewhere"},  # the flag wins
+     ("/run/nvidia/driver", None), (None, None)),
+    # NVIDIA's chart: the host's root mounted at a path of the container's
+    ([], {"NVIDIA_DRIVER_ROOT": "/run/nvidia/driver", "DRIVER_ROOT_CTR_PATH": "{tmp}/mnt"},
+     ("{tmp}/mnt", "/"), ("/run/nvidia/driver", "/run/nvidia/driver")),
+    (["--nvidia-driver-root", "/", "--container-driver-root", "{tmp}/mnt"], {"NVIDIA_DEV_ROOT": "/"},
+     ("{tmp}/mnt", "/"), ("/", "/")),
+    (["--driver-root-ctr-path", "{tmp}/withdev"], {"CONTAINER_DRIVER_ROOT": "/ignored"},  # a dev folder: its nodes
+     ("{tmp}/withdev", "{tmp}/withdev"), ("/", "/")),
+])  # fmt: skip
+def test_driver_roots_mean_what_nvidia_means(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, args: list[str],
+                                             env: dict[str, str], read: tuple[Any, Any], host: tuple[Any, Any]
+                                             ) -> None:
+    """--driver-root/NVIDIA_DRIVER_ROOT and --dev-root/NVIDIA_DEV_ROOT are the host's roots (what the spec
+    names); --driver-root-ctr-path/DRIVER_ROOT_CTR_PATH is where this process reads the driver, its dev folder
+    read when it has one, else / (NVIDIA v0.20.0 plugin-manager.go, root.go)."""
+    (tmp_path / "mnt").mkdir()
+    (tmp_path / "withdev" / "dev").mkdir(parents=True)
+
+    def fill(value: Any) -> Any:
+        return value.replace("{tmp}", str(tmp_path)) if isinstance(value, str) else value
+
+    cfg = cli_options(monkeypatch, [fill(a) for a in args], {k: fill(v) for k, v in env.items()})
+    assert READ[0] == tuple(fill(v) for v in read)
+    assert (cfg.host_driver_root, cfg.host_dev_root) == host
+
+
+def test_the_old_host_driver_root_flag_names_its_replacement(monkeypatch: pytest.MonkeyPatch) -> None:
+    result = cli_options(monkeypatch, ["--host-driver-root", "/"], {})
+    assert result.exit_code == 2 and "--host-driver-root is now --driver-root" in result.output
+    assert "--driver-root-ctr-path" in result.output
 
 
 def test_bad_environment_is_one_usage_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -251,7 +297,7 @@ def test_time_slicing_renamed_with_replica_ids_and_fail_over_one(fake_driver: An
         assert ids == [f"{g}::{n}" for g in u for n in range(3)]
         client = kubelet.client("nvidia.com/gpu.shared")
         one = client.allocate([f"{u[1]}::2"]).container_responses[0]
-        assert [c.name for c in one.cdi_devices] == [f"{GPU}={u[1]}"]
+        assert [c.name for c in one.cdi_devices] == [f"{KIND}={u[1]}"]
         with pytest.raises(grpc.RpcError) as err:
             client.allocate([f"{u[0]}::0", f"{u[1]}::0"])
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -277,7 +323,7 @@ def test_time_slicing_without_rename_allows_several_replicas(fake_driver: Any, k
         assert reg.request.resource_name == GPU
         u = uuids(plugin)
         resp = kubelet.client().allocate([f"{u[0]}::0", f"{u[1]}::0"]).container_responses[0]
-        assert [c.name for c in resp.cdi_devices] == [f"{GPU}={u[0]}", f"{GPU}={u[1]}"]
+        assert [c.name for c in resp.cdi_devices] == [f"{KIND}={u[0]}", f"{KIND}={u[1]}"]
         assert labels(plugin.inventory, options)["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3-SHARED"
 
 
@@ -462,7 +508,7 @@ def test_default_strategy_gives_the_gpu_once_with_or_without_cdi(fake_driver: An
         assert parse_request([f"{k}={v}" for k, v in container_env(image, resp, spec).items()]).cdi_ignored == ()
         device = next(d for d in spec["devices"] if d["name"] == ids[1])
         assert [n["path"] for n in device["containerEdits"]["deviceNodes"]][:1] == ["/dev/nvidia1"]
-        assert [c.name for c in resp.cdi_devices] == [f"{GPU}={ids[1]}"]
+        assert [c.name for c in resp.cdi_devices] == [f"{KIND}={ids[1]}"]
 
 
 # -- item 6: the deployment ------------------------------------------------------------------------------------------

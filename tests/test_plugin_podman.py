@@ -28,6 +28,7 @@ from gpuhook.plugin.lifecycle import Plugin, PluginConfig
 
 pytestmark = pytest.mark.e2e
 GPU_NODE = re.compile(r"^/dev/nvidia\d+$")
+KIND = "k8s.device-plugin.nvidia.com/gpu"  # the plugin's CDI kind (NVIDIA's plugin's), not the host spec's
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +90,8 @@ def cluster_factory(fake: FakeDriver, world: Podman) -> Iterator[type]:
     yield make  # type: ignore[misc]
     for cluster in made:
         cluster.close()
-    (world.spec_dir / "nvidia.com-gpu.yaml").unlink(missing_ok=True)
+    for name in ("k8s.device-plugin.nvidia.com-gpu.json", "nvidia.yaml"):
+        (world.spec_dir / name).unlink(missing_ok=True)
 
 
 def container_nodes(world: Podman, tmp_path: Path, names: list[str]) -> dict[str, tuple[int, int]]:
@@ -108,7 +110,7 @@ def test_allocated_gpus_by_uuid_are_exactly_what_the_container_sees(
     ids = cluster.ids()
     assert ids == [fake.gpus[i].uuid for i in (0, 1, 2, 3)]  # mig-strategy none: whole GPUs
     names = cluster.allocate([ids[0], ids[2]])
-    assert names == [f"nvidia.com/gpu={ids[0]}", f"nvidia.com/gpu={ids[2]}"]
+    assert names == [f"{KIND}={ids[0]}", f"{KIND}={ids[2]}"]
     nodes = container_nodes(world, tmp_path, names)
     assert gpu_nodes(nodes) == {fake.gpus[0].node_path, fake.gpus[2].node_path}
     assert nodes[fake.gpus[2].node_path] == (195, fake.gpus[2].minor)
@@ -119,7 +121,7 @@ def test_index_strategy_one_gpu(cluster_factory, world: Podman, fake: FakeDriver
                                 tmp_path: Path) -> None:
     cluster = cluster_factory(id_strategy="index")
     names = cluster.allocate(["3"])
-    assert names == ["nvidia.com/gpu=3"]
+    assert names == [f"{KIND}=3"]
     assert gpu_nodes(container_nodes(world, tmp_path, names)) == {fake.gpus[3].node_path}
 
 
@@ -129,7 +131,7 @@ def test_mixed_mig_device(cluster_factory, world: Podman, fake: FakeDriver,  # t
     resource = "nvidia.com/mig-2g.20gb"
     (mig_id,) = cluster.ids(resource)
     names = cluster.allocate([mig_id], resource)
-    assert names == [f"nvidia.com/gpu={mig_id}"]
+    assert names == [f"{KIND}={mig_id}"]
     nodes = container_nodes(world, tmp_path, names)
     assert gpu_nodes(nodes) == {fake.gpus[1].node_path}  # the MIG device's parent GPU, nothing else
     (mig,) = [m for m in fake.mig_devices if m.uuid == mig_id]
@@ -143,5 +145,22 @@ def test_replicas_map_back_to_their_gpu(cluster_factory, world: Podman, fake: Fa
     cluster = cluster_factory(replicas=2)
     ids = cluster.ids()
     names = cluster.allocate([ids[0], ids[1]])  # both replicas of GPU 0
-    assert names == [f"nvidia.com/gpu={fake.gpus[0].uuid}"]
+    assert names == [f"{KIND}={fake.gpus[0].uuid}"]
     assert gpu_nodes(container_nodes(world, tmp_path, names)) == {fake.gpus[0].node_path}
+
+
+def test_plugin_names_resolve_beside_a_host_spec(cluster_factory, world: Podman, fake: FakeDriver,  # type: ignore[no-untyped-def]
+                                                 tmp_path: Path) -> None:
+    """A node with `gpuhook generate-cdi`'s nvidia.com/gpu spec in the same directory as the plugin's: podman
+    resolves the plugin's names and the host spec's alike (one kind each, no name defined twice)."""
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "-m", "gpuhook.cli", "generate-cdi", "--driver-root", str(fake.root),
+                    "--proc-root", str(fake.root / "proc"), "--hook-path", default_hook_path(),
+                    "--output", str(world.spec_dir / "nvidia.yaml")], check=True, capture_output=True)
+    cluster = cluster_factory(list_strategies=("cdi-cri",))
+    names = cluster.allocate([cluster.ids()[2]])
+    assert names == [f"{KIND}={fake.gpus[2].uuid}"]
+    assert gpu_nodes(container_nodes(world, tmp_path, names)) == {fake.gpus[2].node_path}
+    assert gpu_nodes(container_nodes(world, tmp_path, ["nvidia.com/gpu=3"])) == {fake.gpus[3].node_path}

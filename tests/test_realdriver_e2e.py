@@ -190,8 +190,8 @@ def test_device_plugin_registers_and_allocates(e2e: Path, real_root: RealRoot) -
                 assert len(devices) == len(real_root.fake.gpus) and {d.health for d in devices} == {"Healthy"}
                 ids = [d.ID for d in devices]
                 answer = kubelet.client().allocate(ids[:1]).container_responses[0]
-                assert [c.name for c in answer.cdi_devices] == [f"nvidia.com/gpu={ids[0]}"]
-                spec = Path(work, "cdi").glob("*.yaml")
+                assert [c.name for c in answer.cdi_devices] == [f"k8s.device-plugin.nvidia.com/gpu={ids[0]}"]
+                spec = Path(work, "cdi").glob("*.json")
                 assert any("libcuda.so.535.309.01" in s.read_text() for s in spec)
             finally:
                 proc.terminate()

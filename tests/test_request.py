@@ -311,7 +311,8 @@ def test_cdi_ignored_is_the_marker_beside_a_variable_that_is_not_void(env: list[
 def test_cdi_ignored_does_not_change_what_is_injected() -> None:
     plain = parse_request(["NVIDIA_VISIBLE_DEVICES=GPU-a"])
     marked = parse_request(["NVIDIA_VISIBLE_DEVICES=GPU-a", MARKER])
-    assert marked.cdi_ignored and marked == replace(plain, cdi_ignored=marked.cdi_ignored)
+    assert marked.cdi_ignored and marked == replace(plain, cdi_ignored=marked.cdi_ignored,
+                                                    cdi_marker=marked.cdi_marker)
 
 
 def test_cdi_ignored_is_bounded_like_every_list() -> None:

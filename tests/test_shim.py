@@ -243,6 +243,8 @@ def test_refused_request_changes_nothing(tmp_path: Path, fake_driver: Any, env: 
     assert digest(bundle / "config.json") == before
     assert not (tmp_path / "argv").exists()
     assert sorted(p.name for p in bundle.iterdir()) == ["config.json"]  # no temp file left behind
+    logged = (tmp_path / "gpuhook.log").read_text()  # one line per container, a refusal too
+    assert logged.count("\n") == 1 and f"c1 runtime error: {message}" in logged
 
 
 @pytest.mark.parametrize(("env", "annotations", "names"), [
@@ -305,7 +307,9 @@ def test_one_injection_beside_a_gpu_prestart_hook(tmp_path: Path, fake_driver: A
     result = run_shim(tmp_path, ["create", "--bundle", str(bundle), "c1"], hook_config(tmp_path, fake_driver.root))
     assert result.returncode == 7, result.stderr
     assert digest(bundle / "config.json") == before
-    assert "runtime skip: a " in (tmp_path / "gpuhook.log").read_text()
+    who = "gpuhook's prestart hook" if "gpuhook" in hook["path"] else \
+        "NVIDIA's prestart hook (nvidia-container-runtime-hook)"
+    assert f"c1 runtime skip: {who} gives this container its GPUs" in (tmp_path / "gpuhook.log").read_text()
 
 
 @pytest.mark.parametrize(("hooks", "words"), [
@@ -375,10 +379,13 @@ MARKER = "GPUHOOK_CDI_DEVICES=nvidia.com/gpu=1"  # what the device plugin's Allo
 
 
 def test_a_runtime_that_ignored_cdi_devices_is_recorded_for_the_plugin(tmp_path: Path, fake_driver: Any) -> None:
+    from gpuhook.fileio.secret import ensure_secret
     from gpuhook.model import cdiignored
+    from gpuhook.model.contract import PLUGIN_KEY
 
     state = tmp_path / "state"
-    bundle = bundle_with(tmp_path, ["NVIDIA_VISIBLE_DEVICES=1", MARKER])  # containerd 1.6: the spec not applied
+    sealed = "GPUHOOK_CDI_DEVICES=" + cdiignored.seal(ensure_secret(str(state / PLUGIN_KEY)), "nvidia.com/gpu=1")
+    bundle = bundle_with(tmp_path, ["NVIDIA_VISIBLE_DEVICES=1", sealed])  # containerd 1.6: the spec not applied
     config = hook_config(tmp_path, fake_driver.root, state_dir=str(state))
     result = run_shim(tmp_path, ["create", "--bundle", str(bundle), "c1"], config)
     assert result.returncode == 7, result.stderr
@@ -528,3 +535,19 @@ def test_the_service_prepares_a_create_as_the_shim_does(tmp_path: Path, fake_dri
     assert " runtime inject devices=" in lines["c-served"]
     assert bad.returncode == 1 and bad.stdout == "" and bad.stderr.startswith("gpuhook-runtime: "), bad
     assert "7" in bad.stderr and digest(refused / "config.json") == before
+
+
+@pytest.mark.parametrize("broken", ["driver-root = \n", "no-such-key = true\n"], ids=["invalid-toml", "unknown-key"])
+def test_a_broken_config_fails_only_gpu_containers(tmp_path: Path, broken: str) -> None:
+    """A broken config never stops a container that asks for no GPU (the runtime runs it as it is); a GPU
+    container fails naming the config; neither writes the host's default log (the config was named)."""
+    config = tmp_path / "broken.toml"
+    config.write_text(broken)
+    bundle = bundle_with(tmp_path, [])
+    before = digest(bundle / "config.json")
+    plain = run_shim(tmp_path, ["create", "--bundle", str(bundle), "c1"], config)
+    assert plain.returncode == 7 and plain.stderr == "", plain.stderr
+    assert digest(bundle / "config.json") == before
+    bundle = bundle_with(tmp_path, ["NVIDIA_VISIBLE_DEVICES=all"])
+    gpu = run_shim(tmp_path, ["create", "--bundle", str(bundle), "c2"], config)
+    assert gpu.returncode == 1 and gpu.stderr.startswith(f"gpuhook-runtime: {config}: "), gpu.stderr

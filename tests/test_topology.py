@@ -171,7 +171,7 @@ def test_two_gpu_request_gets_a_bridged_pair_whenever_one_is_free(fake_driver_fa
                     assert set(chosen) in pairs, (taken, chosen)
         chosen = client.preferred(ids[1:], size=2)
         response = client.allocate(chosen)
-        assert [d.name for d in response.container_responses[0].cdi_devices] == [f"nvidia.com/gpu={u}"
+        assert [d.name for d in response.container_responses[0].cdi_devices] == [f"k8s.device-plugin.nvidia.com/gpu={u}"
                                                                                   for u in chosen]
 
 

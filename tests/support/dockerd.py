@@ -55,7 +55,9 @@ def private_dockerd(root: Path, path_dirs: list[str], daemon_json: Mapping[str, 
     dockerd = need_dockerd()
     root.mkdir(parents=True, exist_ok=True)
     config = root / "daemon.json"
-    config.write_text(json.dumps(dict(daemon_json or {})))
+    # dockerd 20.10 keeps its identity key in /etc/docker/key.json unless its config names another path (a
+    # daemon.json key only: it has no such flag)
+    config.write_text(json.dumps({"deprecated-key-path": str(root / "key.json"), **dict(daemon_json or {})}))
     environ = {"PATH": ":".join([*path_dirs, *HOST_PATH]), **(env or {})}
     argv = [dockerd, "--data-root", str(root / "data"), "--exec-root", str(root / "exec"),
             "--pidfile", str(root / "dockerd.pid"), "-H", f"unix://{root / 'docker.sock'}",

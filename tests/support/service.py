@@ -25,11 +25,17 @@ MODE_ENV = "GPUHOOK_TEST_SERVICE"
 SOCKET_ENV = "GPUHOOK_TEST_SERVICE_SOCKET"  # set by the session fixture: the socket the hooks are pointed at
 
 
+# In service mode every start must be the service's (the fallback is replaced by one that fails): a burst of the
+# load tests (50 starts at once on 2 CPUs) can keep the service's answer past the entry's 250 ms, after which the
+# entry runs the start in-process by design, so the mode gives it longer. test_service_safety covers the bound.
+MODE_ACK_MS = "30000"
+
+
 def service_env() -> dict[str, str]:
     """What a hook's environment needs in service mode: the session's socket (GPUHOOK_SERVICE_SOCKET, which the
-    native entry reads); empty otherwise."""
+    native entry reads) and a wait for the service that no burst reaches (MODE_ACK_MS); empty otherwise."""
     sock = os.environ.get(SOCKET_ENV)
-    return {"GPUHOOK_SERVICE_SOCKET": sock} if sock else {}
+    return {"GPUHOOK_SERVICE_SOCKET": sock, "GPUHOOK_SERVICE_ACK_MS": MODE_ACK_MS} if sock else {}
 
 
 def service_mode() -> str:
@@ -55,11 +61,13 @@ class Running:
 
 
 def start(sock: Path, config: Path | None, log: Path, command: list[str] | None = None) -> Running:
-    """`gpuhook service [--config CONFIG] --socket SOCK`, its stderr in `log`; AssertionError if it does not come up
-    within 30 s (its stderr quoted)."""
-    argv = [*(command or [GPUHOOK]), "service", *(["--config", str(config)] if config else []), "--socket", str(sock)]
+    """`GPUHOOK_SERVICE_SOCKET=SOCK gpuhook service [--config CONFIG]`, its stderr in `log`; AssertionError if it
+    does not come up within 30 s (its stderr quoted). The socket's path appears only once it listens
+    (server.bind_socket), so its existence is readiness."""
+    argv = [*(command or [GPUHOOK]), "service", *(["--config", str(config)] if config else [])]
+    env = {**os.environ, "GPUHOOK_SERVICE_SOCKET": str(sock)}
     with open(log, "wb") as err:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=err, stderr=err)
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=err, stderr=err, env=env)
     try:
         wait_ready(proc, sock.exists, "gpuhook service", log, 30, interval=0.02)
     except AssertionError:
@@ -85,7 +93,8 @@ def no_fallback(entry: Path, marker: Path) -> None:
     start: where a service must answer, any fallback shows. Its #! line is the installed one's (this interpreter),
     which the entry names as the client's interpreter in a command's request."""
     script = entry.with_name(entry.name + ".py")
-    script.write_text(f"#!{sys.executable} -IS\nimport sys\nopen({str(marker)!r}, 'a').write('ran\\n')\n"
+    script.write_text(f"#!{sys.executable} -IS\nimport os, sys\nopen({str(marker)!r}, 'a').write("
+                      "'ran ' + os.environ.get('GPUHOOK_SERVED_BY', '') + '\\n')\n"
                       "sys.stderr.write('gpuhook-hook: fallback ran\\n')\nsys.exit(3)\n")
 
 

@@ -9,12 +9,15 @@
  * A `cdi-hook …` call (a CDI spec's createContainer hook) connects and sends its header first and its state once
  * stdin gave it (protocol.py's `later`; cdi_hook below), so the service's part overlaps the runtime's delay.
  *
- * When nothing listens (connect: ENOENT or ECONNREFUSED, nothing sent yet) it execs the Python entry beside it
- * (its own path + ".py", today's -IS script) with the same arguments and the same state on stdin (a memfd):
- * the same result as before the service existed. Once a request is sent it never falls back, so a container
- * is never injected twice, but for a request that provably never arrived whole (EPIPE while sending it, and no
- * answer: the service went away before reading it); a service that does not answer within the timeout
- * ($GPUHOOK_SERVICE_TIMEOUT_MS, default 5000, below runc's default hook timeout) fails the start with one line.
+ * Who runs the call is decided here, by one byte (service/protocol.py): the service changes nothing before it
+ * sends TAKING and reads our GO. Until we send GO the call is ours: whenever the service cannot be reached, says
+ * nothing within $GPUHOOK_SERVICE_ACK_MS (default 250) of the connect, closes, DECLINES, or answers without
+ * TAKING in a way we cannot read, we exec the Python entry beside us (its own path + ".py", the -IS script) with
+ * the same arguments and the same state on stdin (a memfd), and $GPUHOOK_SERVED_BY saying why, for its log line:
+ * the same result as with no service at all, at most that bound later. A stopped, stuck, crashed or flooded
+ * service so never fails a start, and never injects twice: once GO is sent the service owns the call, and an
+ * answer that does not come within $GPUHOOK_SERVICE_TIMEOUT_MS (default 5000, below runc's hook timeout) fails
+ * the start with one line.
  *
  * --help and --version go straight to the Python entry; so does a `cdi-hook …` call the service DECLINED (one only
  * click can word: help, a malformed option), since the service did nothing for it.
@@ -48,7 +51,10 @@
 #define MAX_DOCUMENT (64 << 20) /* oci/bundle.MAX_DOCUMENT: the most of a state the Python hook reads */
 #define DEFAULT_SOCKET "/run/gpuhook/service.sock"
 #define DEFAULT_TIMEOUT_MS 5000
+#define DEFAULT_ACK_MS 250 /* protocol.TAKING_WAIT_MS */
 #define DECLINED 256 /* protocol.DECLINED: the service took nothing on; run the call in-process */
+#define TAKING 257 /* protocol.TAKING: the service will change something once we say GO */
+#define GO 1 /* protocol.GO */
 #define MAX_OUTPUT (64 << 20) /* protocol.MAX_OUTPUT: a generate-cdi spec on stdout */
 #define COMMAND_TIMEOUT_MS 60000 /* service/client.ANSWER_TIMEOUT_S: a served command may discover */
 #define SHEBANG_MAX 256 /* the kernel reads at most this much of a "#!" line (cli/entry.SHEBANG_MAX + 1) */
@@ -164,7 +170,7 @@ static void put_json_string(struct buf *b, const char *s) {
 
 /* The header's start: the version and our arguments (argv[0] left out), the list still open. */
 static void put_argv(struct buf *b, int argc, char **argv) {
-    put_str(b, "{\"v\": 1, \"argv\": [");
+    put_str(b, "{\"v\": 2, \"argv\": [");
     for (int i = 1; i < argc; i++) {
         if (i > 1) put_str(b, ", ");
         put_json_string(b, argv[i]);
@@ -191,12 +197,104 @@ static void script_path(char *script, size_t size) {
     snprintf(script, size, "%s.py", self);
 }
 
+/* --- the Python entry cannot run (its #! interpreter or the entry itself is gone: Python upgraded, the venv
+ * deleted, gpuhook removed) ------------------------------------------------------------------------------------
+ * Nothing can plan this start, so a container that asks for a GPU must fail with one line naming the fix, and one
+ * that asks for none must start untouched, as it would have. Deciding that here is conservative: any sign that
+ * model/contract.has_gpu_signal or model/request.py could read as a request counts, whatever its value (an
+ * NVIDIA_* or CUDA_VERSION variable, a cdi.k8s.io/ annotation, a mount under nvidia-container-devices), as does
+ * anything that cannot be read (no bundle in the state, no config.json, one over MAX_DOCUMENT). The bundle's
+ * config.json is scanned as bytes for those strings, in bounded chunks; it is never parsed. A `cdi-hook` call comes
+ * from a CDI spec, which only a GPU device's injection runs, and a command (generate-cdi, --help) has no container:
+ * both always fail. tests/test_stranded.py checks the strings against model/contract.py. */
+static const char *const STRANDED_SIGNS[] = {
+    "\"NVIDIA_",                  /* an env entry "NVIDIA_…=…" (contract.VISIBLE_DEVICES and every other NVIDIA_*) */
+    "\"CUDA_VERSION=",            /* contract.LEGACY_CUDA_VERSION: a legacy CUDA image */
+    "\"cdi.k8s.io/",              /* contract.CDI_ANNOTATION_PREFIX */
+    "nvidia-container-devices",   /* contract.VOLUME_MOUNT_DIR's folder: a device requested by a mount */
+};
+#define STRANDED_OVERLAP 32 /* > the longest sign: one split between two chunks is still found */
+
+static int has_sign(const char *s, size_t n) {
+    for (size_t k = 0; k < sizeof STRANDED_SIGNS / sizeof *STRANDED_SIGNS; k++)
+        if (memmem(s, n, STRANDED_SIGNS[k], strlen(STRANDED_SIGNS[k]))) return 1;
+    return 0;
+}
+
+/* Whether the config.json of `bundle` shows any sign of a GPU request; 1 too when it cannot be read whole. */
+static int bundle_has_sign(const char *bundle) {
+    char path[PATH_MAX];
+    if ((size_t)snprintf(path, sizeof path, "%s/config.json", bundle) >= sizeof path) return 1;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) return 1;
+    static char chunk[STRANDED_OVERLAP + 65536];
+    size_t keep = 0, total = 0;
+    for (;;) {
+        ssize_t r = read(fd, chunk + keep, sizeof chunk - keep);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            close(fd);
+            return r < 0;
+        }
+        total += (size_t)r;
+        if (total > MAX_DOCUMENT || has_sign(chunk, keep + (size_t)r)) {
+            close(fd);
+            return 1;
+        }
+        size_t n = keep + (size_t)r;
+        keep = n < STRANDED_OVERLAP ? n : STRANDED_OVERLAP;
+        memmove(chunk, chunk + n - keep, keep);
+    }
+}
+
+/* Whether the state (its annotations) or the bundle named by any "bundle": "…" in it shows a sign of a GPU
+ * request; 1 when no bundle is named or a name uses an escape this does not decode (\uXXXX). */
+static int state_has_sign(const char *state, size_t len) {
+    if (has_sign(state, len)) return 1;
+    const char key[] = "\"bundle\"";
+    int found = 0;
+    for (size_t i = 0; i + sizeof key - 1 <= len; i++) {
+        if (memcmp(state + i, key, sizeof key - 1) != 0) continue;
+        size_t j = skip_space(state, len, i + sizeof key - 1);
+        if (j >= len || state[j] != ':') continue;
+        j = skip_space(state, len, j + 1);
+        if (j >= len || state[j] != '"') continue;
+        char bundle[PATH_MAX];
+        size_t n = 0;
+        for (j++; j < len && state[j] != '"'; j++) {
+            char c = state[j];
+            if (c == '\\') {
+                if (++j >= len || (state[j] != '\\' && state[j] != '"' && state[j] != '/')) return 1;
+                c = state[j];
+            }
+            if (c == 0 || n + 1 >= sizeof bundle) return 1;
+            bundle[n++] = c;
+        }
+        if (j >= len || n == 0) return 1;
+        bundle[n] = 0;
+        if (bundle_has_sign(bundle)) return 1;
+        found = 1;
+    }
+    return !found;
+}
+
+/* The Python entry `script` could not be exec'd (errno `err`): a container without a GPU request starts (exit 0,
+ * nothing said); anything else is one line naming the fix, exit 1. */
+static void stranded(char **argv, const char *state, size_t len, const char *script, int err) {
+    int always = !state || (argv[1] && !strcmp(argv[1], "cdi-hook"));
+    if (!always && !state_has_sign(state, len)) exit(0);
+    fprintf(stderr, "gpuhook-hook: cannot run the Python entry %s (%s): reinstall gpuhook, then run "
+            "`gpuhook hook install`%s\n", script, strerror(err), always ? "" : "; this GPU container cannot start");
+    exit(1);
+}
+
 static void fallback(char **argv, const char *state, size_t len, int rest) {
     char script[PATH_MAX];
     script_path(script, sizeof script);
+    if (!getenv("GPUHOOK_SERVED_BY")) setenv("GPUHOOK_SERVED_BY", "in-process", 1);
     if (!state) {  /* --help, --version: stdin untouched */
         execv(script, argv);
-        fail("cannot run the Python entry", strerror(errno));
+        stranded(argv, NULL, 0, script, errno);
     }
     int fd = (int)syscall(SYS_memfd_create, "gpuhook-state", 0);
     if (fd < 0) fail("cannot keep the OCI state for the Python entry (memfd_create)", strerror(errno));
@@ -217,22 +315,29 @@ static void fallback(char **argv, const char *state, size_t len, int rest) {
     if (lseek(fd, 0, SEEK_SET) < 0 || dup2(fd, 0) < 0) fail("cannot hand the OCI state on", strerror(errno));
     close(fd);
     execv(script, argv);
-    fprintf(stderr, "gpuhook-hook: service not running and cannot run %s: %s\n", script, strerror(errno));
-    exit(1);
+    stranded(argv, state, len, script, errno);
 }
 
-static int timeout_ms(void) {
-    const char *v = getenv("GPUHOOK_SERVICE_TIMEOUT_MS");
-    long t = v && *v ? strtol(v, NULL, 10) : DEFAULT_TIMEOUT_MS;
-    return t > 0 && t < 600000 ? (int)t : DEFAULT_TIMEOUT_MS;
+/* $name in 1..limit-1 milliseconds, else `fallback_ms`. */
+static int env_ms(const char *name, int fallback_ms, long limit) {
+    const char *v = getenv(name);
+    long t = v && *v ? strtol(v, NULL, 10) : fallback_ms;
+    return t > 0 && t < limit ? (int)t : fallback_ms;
 }
 
-/* One call to the service: where it is, how long it may take, and whose words a failure is in (the hook's
- * `gpuhook-hook: … the start fails`, or a command's `gpuhook: service PATH: …`, service/client.ServiceFailed's). */
+static int timeout_ms(void) { return env_ms("GPUHOOK_SERVICE_TIMEOUT_MS", DEFAULT_TIMEOUT_MS, 600000); }
+static int ack_ms(void) { return env_ms("GPUHOOK_SERVICE_ACK_MS", DEFAULT_ACK_MS, 60001); }
+
+/* One call to the service: where it is, how long it may take (`ms` once taken; `ack` until then), whose words a
+ * failure is in (the hook's `gpuhook-hook: … the start fails`, or a command's `gpuhook: service PATH: …`,
+ * service/client.ServiceFailed's), and what the Python entry needs when the call stays ours (argv, the state). */
 struct call {
     const char *sock_path;
-    int ms, command;
+    int ms, ack, command, taken;
     long long deadline;
+    char **argv;
+    char *state;
+    size_t len;
 };
 
 /* Where the service listens: $GPUHOOK_SERVICE_SOCKET when set and not empty, else the default. */
@@ -241,9 +346,15 @@ static const char *service_socket(void) {
     return path && *path ? path : DEFAULT_SOCKET;
 }
 
-/* The service took the request (or may have) and the call failed: one line saying `what` happened (a phrase:
- * "closed without an answer"), exit 1, never a second run. */
+/* The call failed; `what` happened (a phrase: "closed without an answer"). Not taken yet (no GO sent): the
+ * Python entry runs it here, told why. Taken: one line, exit 1, never a second run. */
 static void lost(const struct call *c, const char *what) {
+    if (!c->taken) {
+        char why[512];
+        snprintf(why, sizeof why, "in-process (service %s %s)", c->sock_path, what);
+        setenv("GPUHOOK_SERVED_BY", why, 1);
+        fallback(c->argv, c->state, c->len, 0);
+    }
     if (c->command) fprintf(stderr, "gpuhook: service %s: %s\n", c->sock_path, what);
     else fprintf(stderr, "gpuhook-hook: service %s %s: the start fails\n", c->sock_path, what);
     exit(1);
@@ -262,7 +373,7 @@ static void wait_for(int fd, short events, const struct call *c) {
         long long left = c->deadline - now_ms();
         if (left <= 0) {
             char phrase[64];
-            snprintf(phrase, sizeof phrase, "gave no answer within %d ms", c->ms);
+            snprintf(phrase, sizeof phrase, "gave no answer within %d ms", c->taken ? c->ms : c->ack);
             lost(c, phrase);
         }
         struct pollfd p = {.fd = fd, .events = events};
@@ -272,27 +383,42 @@ static void wait_for(int fd, short events, const struct call *c) {
     }
 }
 
-/* A socket connected to the service, or -1 when nothing listens (ENOENT, ECONNREFUSED: nothing was sent, so the
- * Python entry may run the call). Another failure is one line and exit 1 for a hook; a command runs in-process
- * on any failure to connect, as service/client.py does. */
-static int connect_service(const struct call *c) {
+/* A socket connected to the service; on any failure (nothing listens, a full backlog for `ack` ms, a path too
+ * long) the call stays ours: lost() runs the Python entry, nothing having been sent. */
+static int connect_service(struct call *c) {
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
-    if (strlen(c->sock_path) >= sizeof addr.sun_path) {
-        if (c->command) return -1;
-        fail("service socket path is too long", c->sock_path);
-    }
+    if (strlen(c->sock_path) >= sizeof addr.sun_path) lost(c, "has a path too long for a socket");
     strcpy(addr.sun_path, c->sock_path);
     int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (s < 0) fail("socket", strerror(errno));
-    struct timeval tv = {.tv_sec = c->ms / 1000, .tv_usec = (c->ms % 1000) * 1000};
-    if (c->command) tv = (struct timeval){.tv_sec = 1};  /* client.CONNECT_TIMEOUT_S: a full backlog */
+    if (s < 0) lost_errno(c, "cannot be reached (socket)", errno);
+    struct timeval tv = {.tv_sec = c->ack / 1000, .tv_usec = (c->ack % 1000) * 1000};
     setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);  /* a full backlog: connect waits this long */
     if (connect(s, (struct sockaddr *)&addr, sizeof addr) == 0) return s;
     int err = errno;
     close(s);
-    if (c->command || err == ENOENT || err == ECONNREFUSED) return -1;
-    fprintf(stderr, "gpuhook-hook: cannot reach the service at %s: %s\n", c->sock_path, strerror(err));
-    exit(1);
+    if (err == ENOENT || err == ECONNREFUSED) lost(c, "is not running");
+    lost_errno(c, "cannot be reached", err);
+    return -1;
+}
+
+/* The service's first 8 bytes: TAKING (then GO is sent and the call is the service's from here on, answered
+ * within `ms`), or the start of an answer made without changing anything. Into first[8]; 1 when TAKING. */
+static int first_frame(int s, unsigned char first[8], struct call *c) {
+    size_t n = 0;
+    while (n < 8) {
+        wait_for(s, POLLIN, c);
+        ssize_t r = recv(s, first + n, 8 - n, MSG_DONTWAIT);
+        if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+        if (r < 0) lost_errno(c, "failed before it took the call", errno);
+        if (r == 0) lost(c, "closed without taking the call");
+        n += (size_t)r;
+    }
+    if (be32(first) != TAKING || be32(first + 4) != 0) return 0;
+    char go = GO;
+    if (send(s, &go, 1, MSG_NOSIGNAL) != 1) lost(c, "went away before it took the call");
+    c->taken = 1;  /* from here on the service owns it: never run again here */
+    c->deadline = now_ms() + c->ms;
+    return 1;
 }
 
 /* One buffer: u32 n (big-endian) | first[0..n) | rest[0..len): a request (the header, then the state) or a late
@@ -338,13 +464,26 @@ static int send_request(int s, char *msg, size_t total, int pid_fd, const struct
     return 0;
 }
 
+/* Whether ans[0..n) is a whole answer already, by its lengths (a hook's: code, stderr; a command's: and its
+ * stdout part): a child's answer is, before the connection ends (the service keeps a copy of the connection
+ * until it reaps the child). A command's refusal comes without a stdout part and is whole at the end. */
+static int whole(const unsigned char *ans, size_t n, int command) {
+    if (n < 8 || be32(ans + 4) > MAX_ANSWER) return 0;
+    size_t end = 8 + (size_t)be32(ans + 4);
+    if (!command) return n >= end;
+    return n >= end + 4 && be32(ans + end) <= MAX_OUTPUT && n >= end + 4 + be32(ans + end);
+}
+
 /* The whole answer, until the service closes or `bound` bytes came; *got is its length. A hook's answer is
- * complete once its stderr part is (the service closes after it anyway). */
-static unsigned char *recv_answer(int s, size_t bound, size_t *got, const struct call *c) {
+ * complete once its stderr part is (the service closes after it anyway). Begins with first_frame()'s bytes
+ * unless they were TAKING. */
+static unsigned char *recv_answer(int s, size_t bound, size_t *got, struct call *c) {
     size_t cap = c->command ? 65536 : 8 + MAX_ANSWER, n = 0;
     unsigned char *ans = malloc(cap);
     if (!ans) fail("out of memory", NULL);
+    if (!first_frame(s, ans, c)) n = 8;
     for (;;) {
+        if (whole(ans, n, c->command)) break;
         if (n == cap) {
             if (cap >= bound) break;
             cap = cap * 2 > bound ? bound : cap * 2;
@@ -358,7 +497,6 @@ static unsigned char *recv_answer(int s, size_t bound, size_t *got, const struct
         if (r < 0) lost_errno(c, "failed", errno);
         if (r == 0) break;
         n += (size_t)r;
-        if (!c->command && n >= 8 && be32(ans + 4) <= MAX_ANSWER && n >= 8 + be32(ans + 4)) break;
     }
     *got = n;
     return ans;
@@ -399,7 +537,8 @@ static int relay(int fd, const unsigned char *buf, size_t n) {
  * Python entry when the service is not there or declines. */
 static int command(int argc, char **argv) {
     char cwd[PATH_MAX], exe[SHEBANG_MAX];
-    struct call c = {.sock_path = service_socket(), .ms = COMMAND_TIMEOUT_MS, .command = 1};
+    struct call c = {.sock_path = service_socket(), .ms = COMMAND_TIMEOUT_MS, .ack = ack_ms(), .command = 1,
+                     .argv = argv};
     /* Nothing to say where the client is, or more than a header holds: the Python entry runs it in-process. */
     if (!getcwd(cwd, sizeof cwd) || !entry_interpreter(exe, sizeof exe)) fallback(argv, NULL, 0, 0);
     struct buf h = {0};
@@ -423,12 +562,11 @@ static int command(int argc, char **argv) {
     }
     put_str(&h, "]}");
     if (h.over) fallback(argv, NULL, 0, 0);
+    c.deadline = now_ms() + c.ack;
     int s = connect_service(&c);
-    if (s < 0) fallback(argv, NULL, 0, 0);
-    c.deadline = now_ms() + c.ms;
     size_t total, got;
     char *msg = frame(h.p, h.n, NULL, 0, &total);
-    send_request(s, msg, total, -1, &c);
+    if (send_request(s, msg, total, -1, &c)) lost(&c, "closed before it read the call");
     unsigned char *ans = recv_answer(s, 12 + MAX_ANSWER + MAX_OUTPUT, &got, &c);
     close(s);
     /* u32 code | u32 stderr length | stderr | u32 stdout length | stdout (protocol.decode_answer) */
@@ -441,7 +579,7 @@ static int command(int argc, char **argv) {
         out_size = be32(ans + end);
         if (out_size > MAX_OUTPUT || got != end + 4 + out_size) lost(&c, "sent a malformed answer");
     }
-    if (code == DECLINED && size == 0 && out_size == 0) fallback(argv, NULL, 0, 0);
+    if (code == DECLINED && size == 0 && out_size == 0 && !c.taken) lost(&c, "declined the call");
     if (out_size) relay(1, ans + end + 4, out_size);
     if (size) relay(2, ans + 8, size);
     return code > 255 ? 1 : (int)code;
@@ -463,22 +601,18 @@ static void put_hook_header(struct buf *h, int argc, char **argv, const char *st
     else put(h, "null", 4);
 }
 
-/* The hook's answer on s, relayed: its stderr line and exit status. DECLINED (nothing done) runs the Python entry
- * with the state; so does no answer at all when the state never reached the service (`undelivered`: EPIPE on
- * it, so nobody read it, and nothing is done without it); any other missing or malformed answer is one line. */
-static int hook_answer(int s, const struct call *c, char **argv, char *state, size_t len, int undelivered) {
+/* The hook's answer on s, relayed: its stderr line and exit status. Until the service took the call (first_frame),
+ * every failure, and DECLINED, runs the Python entry with the state (lost); once taken, a missing or malformed
+ * answer is one line. */
+static int hook_answer(int s, struct call *c) {
     size_t got;
     unsigned char *ans = recv_answer(s, 8 + MAX_ANSWER, &got, c);
-    if (got < 8 && undelivered) {
-        close(s);
-        fallback(argv, state, len, 0);
-    }
     if (got < 8) lost(c, "closed without an answer");
     uint32_t code = be32(ans), size = be32(ans + 4);
     if (size > MAX_ANSWER || got < 8 + size) lost(c, "sent a malformed answer");
-    if (code == DECLINED && size == 0) {  /* nothing was done: the Python entry answers it */
+    if (code == DECLINED && size == 0 && !c->taken) {  /* nothing was done: the Python entry answers it */
         close(s);
-        fallback(argv, state, len, 0);
+        lost(c, "declined the call");
     }
     if (size) {
         fwrite(ans + 8, 1, size, stderr);
@@ -491,33 +625,32 @@ static int hook_answer(int s, const struct call *c, char **argv, char *state, si
  * after it (protocol.py's `later`). runc runs such a hook from `runc init`, whose Go runtime writes the hook's
  * stdin only once its scheduler gets round to it (1-5 ms idle, measured under podman); meanwhile the service
  * parses the arguments and its child joins the container's namespace. A state over MAX_STATE is never sent:
- * the connection is closed (nothing can have been done without the state) and the Python entry reads all of it. */
+ * the connection is closed (nothing can have been done without the state) and the Python entry reads all of it.
+ * The wait for TAKING starts once the state is sent: the wait for stdin was the runtime's. */
 static int cdi_hook(int argc, char **argv) {
     size_t len;
     int over;
-    struct call c = {.sock_path = service_socket(), .ms = timeout_ms()};
-    int s = connect_service(&c);
-    if (s < 0) {
-        char *state = read_state(&len, &over);
-        fallback(argv, state, len, over);
-    }
+    struct call c = {.sock_path = service_socket(), .ms = timeout_ms(), .ack = ack_ms(), .argv = argv};
+    c.deadline = now_ms() + c.ack;
+    int s = connect_service(&c);  /* not reached: the Python entry reads stdin itself (lost, no state yet) */
     struct buf h = {0};
     put_hook_header(&h, argc, argv, "0");
     put_str(&h, ", \"pid_fd\": false, \"later\": true}");
     if (h.over) fail("arguments are too long for the service", NULL);
     size_t total;
     char *msg = frame(h.p, h.n, NULL, 0, &total);
-    c.deadline = now_ms() + c.ms;
     int undelivered = send_request(s, msg, total, -1, &c);
     char *state = read_state(&len, &over);
+    c.state = state, c.len = len;
     if (over) {
         close(s);
         fallback(argv, state, len, 1);
     }
+    if (undelivered) lost(&c, "closed before it read the call");
     char *part = frame(state, len, NULL, 0, &total);
-    c.deadline = now_ms() + c.ms;  /* from here: the wait for stdin was the runtime's, not the service's */
-    undelivered |= send_request(s, part, total, -1, &c);
-    return hook_answer(s, &c, argv, state, len, undelivered);
+    c.deadline = now_ms() + c.ack;  /* from here: the wait for stdin was the runtime's, not the service's */
+    if (send_request(s, part, total, -1, &c)) lost(&c, "closed before it read the call");
+    return hook_answer(s, &c);
 }
 
 int main(int argc, char **argv) {
@@ -528,11 +661,10 @@ int main(int argc, char **argv) {
     int over;
     char *state = read_state(&len, &over);
     if (over) fallback(argv, state, len, 1);  /* nothing sent: the in-process hook reads and words it */
-    struct call c = {.sock_path = service_socket(), .ms = timeout_ms()};
-    c.deadline = now_ms() + c.ms;
+    struct call c = {.sock_path = service_socket(), .ms = timeout_ms(), .ack = ack_ms(), .argv = argv,
+                     .state = state, .len = len};
+    c.deadline = now_ms() + c.ack;
     int s = connect_service(&c);
-    if (s < 0) fallback(argv, state, len, 0);
-    /* From here on the request may reach the service: never fall back, but as hook_answer() says. */
     long pid = find_pid(state, len);
     int pid_fd = -1;
     if (pid > 0) {
@@ -548,5 +680,7 @@ int main(int argc, char **argv) {
     if (h.over) fail("arguments are too long for the service", NULL);
     size_t total;
     char *msg = frame(h.p, h.n, state, len, &total);
-    return hook_answer(s, &c, argv, state, len, send_request(s, msg, total, pid_fd, &c));
+    if (send_request(s, msg, total, pid_fd, &c)) lost(&c, "closed before it read the call");
+    if (pid_fd >= 0) close(pid_fd);
+    return hook_answer(s, &c);
 }

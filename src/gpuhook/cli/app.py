@@ -55,23 +55,50 @@ class LazyGroup(click.Group):
         "hook": "gpuhook.cli.hook:hook",
         "runtime": "gpuhook.cli.runtime:runtime",
         "device-plugin": "gpuhook.cli.plugin:device_plugin",
+        "dra-plugin": "gpuhook.cli.dra:dra_plugin",
         "labels": "gpuhook.cli.labels:labels",
         "doctor": "gpuhook.cli.doctor:doctor",
         "system": "gpuhook.cli.system:system",
         "service": "gpuhook.cli.service:service",
         "node-setup": "gpuhook.cli.nodesetup:node_setup",
+        "uninstall": "gpuhook.cli.uninstall:uninstall",
     }
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted([*super().list_commands(ctx), *self.LAZY])
+
+    # Commands whose modules need an optional extra (pyproject.toml), and the top-level modules it brings: without
+    # them the command is a stand-in that says which extra to install, and `gpuhook --help` still lists it.
+    EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {"device-plugin": ("plugin", ("grpc", "google"))}
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name in self.LAZY:
             import importlib
 
             module, _, attr = self.LAZY[cmd_name].partition(":")
-            return getattr(importlib.import_module(module), attr)
+            try:
+                return getattr(importlib.import_module(module), attr)
+            except ModuleNotFoundError as exc:
+                extra, modules = self.EXTRAS.get(cmd_name, ("", ()))
+                if not extra or (exc.name or "").partition(".")[0] not in modules:
+                    raise
+                return _needs_extra(cmd_name, extra, exc.name or "")
         return super().get_command(ctx, cmd_name)
+
+
+def _needs_extra(cmd_name: str, extra: str, missing: str) -> click.Command:
+    """A stand-in for a command whose extra is not installed: any invocation is one line naming the extra."""
+    line = (f"`gpuhook {cmd_name}` needs the {extra!r} extra, which is not installed (no module {missing!r}): "
+            f"pip install 'gpuhook[{extra}]' into gpuhook's environment")
+
+    def refuse() -> None:
+        from gpuhook.errors import ConfigError
+
+        raise ConfigError(line)
+
+    return click.Command(cmd_name, callback=refuse, help=f"(needs pip install 'gpuhook[{extra}]')",
+                         context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
+                                           "help_option_names": []})
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -82,7 +109,7 @@ def cli() -> None:
 
 @cli.command()
 @root_options
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (stable, see README).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (stable, see docs/discovery.md).")
 def info(driver_root: str, dev_root: str | None, proc_root: str | None, discovery: str, as_json: bool) -> None:
     """What the host's driver offers: versions, GPUs, MIG devices, nodes and files per capability."""
     from gpuhook.model.report import format_inventory, topology_to_dict
@@ -128,6 +155,7 @@ def list_cmd(
         env.append(f"NVIDIA_DRIVER_CAPABILITIES={capabilities}")
     env += extra_env
     request = parse_request(env, privileged=True)
+    request = type(request)(**{**{n: getattr(request, n) for n in request._fields}, "source": "--devices"})
     if not request.wants_gpu_setup:
         if as_json:
             click.echo(json.dumps(edits_to_dict(ContainerEdits()), indent=2))

@@ -81,7 +81,7 @@ def _render_one(f: Finding) -> list[str]:
 @click.option("--runtime", "runtimes", multiple=True,
               type=click.Choice(["runc", "podman", "containerd", "crio", "docker", "none"]),
               help="Check these runtimes' configuration; repeatable [default: every one installed].")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable report (see README).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable report (see docs/doctor.md).")
 def doctor(driver_root: str | None, dev_root: str | None, proc_root: str | None, discovery: str,
            config_path: str | None, bundle: str | None, env: tuple[str, ...], annotations: tuple[str, ...],
            device_mounts: tuple[str, ...], privileged: bool, spec_dirs: tuple[str, ...], runtimes: tuple[str, ...],
@@ -108,6 +108,9 @@ def doctor(driver_root: str | None, dev_root: str | None, proc_root: str | None,
     inv, found = host.check_host(roots, discovery)
     report.add(found)
     report.add(host.check_ldconfig(config.ldconfig))
+    from gpuhook.doctor.entries import check_entries
+
+    report.add(check_entries())
     flags = generate_flags(roots, discovery)
     dirs = tuple(spec_dirs or DEFAULT_SPEC_DIRS)
     found, status = specs.check_specs(dirs, inv, flags)
@@ -115,6 +118,9 @@ def doctor(driver_root: str | None, dev_root: str | None, proc_root: str | None,
     paths = rt.Paths(generate_flags=flags, spec_dirs=dirs)
     report.add(rt.check_runtimes(chosen, status, paths))
     report.add(rt.check_cdi_ignored(config.state_dir))
+    from gpuhook.doctor.service import check_service
+
+    report.add(check_service())
     if inv is not None:
         from gpuhook.doctor.systemd import check_dev_char
 

@@ -108,10 +108,55 @@ def entry_script(python: str, paths: Sequence[str]) -> str:
         "# -IS: no site and no environment variables, so a container start pays only for what the hook imports.\n"
         "import sys\n"
         f"sys.path += {list(paths)!r}\n"
-        "from gpuhook.cli.entry import main\n"
-        "from gpuhook.cli.leave import leave\n"
+        "try:\n"
+        "    from gpuhook.cli.entry import main\n"
+        "    from gpuhook.cli.leave import leave\n"
+        "except ImportError as exc:  # gpuhook is gone from there (removed, its venv replaced): see stranded()\n"
+        f"{stranded_source()}"
         "leave(main())  # a container start does not wait for the interpreter's teardown\n"
     )
+
+
+# What the entry script does when gpuhook's package no longer imports (the native entry's `stranded()` when the
+# script itself cannot run): a container with any sign of a GPU request fails with one line naming the fix, one
+# with none starts untouched. Conservative and stdlib-only, as the package is gone: the signs are those of
+# contract.has_gpu_signal, widened to every NVIDIA_* variable and any mount naming the devices folder, and anything
+# unreadable counts as a request. Indented to sit in the script's `except` block.
+_STRANDED = """\
+    import json, os
+    def wants_gpu(argv):
+        if argv[:1] != [] and not argv[0].startswith("-") and argv[0] not in ("prestart", "createRuntime"):
+            return True  # cdi-hook (a CDI spec's: a GPU device), generate-cdi: always said
+        if any(a in ("-h", "--help", "--version") for a in argv):
+            return True
+        try:
+            state = json.loads(sys.stdin.buffer.read({max_document}).decode())
+            with open(os.path.join(state["bundle"], "config.json"), "rb") as f:
+                spec = json.loads(f.read({max_document}).decode())
+            env = spec.get("process", {{}}).get("env") or []
+            annotations = {{**(state.get("annotations") or {{}}), **(spec.get("annotations") or {{}})}}
+            mounts = spec.get("mounts") or []
+            return (any(str(e).startswith({env_signs!r}) for e in env)
+                    or any(str(k).startswith({annotation!r}) for k in annotations)
+                    or any({folder!r} in str(m.get("destination", "")) for m in mounts))
+        except Exception:  # unreadable: count it as a request
+            return True
+    if wants_gpu(sys.argv[1:]):
+        print(f"gpuhook-hook: gpuhook cannot be imported ({{exc}}): reinstall gpuhook, then run `gpuhook hook "
+              "install`; this GPU container cannot start", file=sys.stderr)
+        sys.exit(1)
+    sys.exit(0)
+"""
+
+
+def stranded_source() -> str:
+    """The entry script's `except ImportError` body (_STRANDED), its signs taken from model/contract.py."""
+    from gpuhook.model import contract
+    from gpuhook.oci.bundle import MAX_DOCUMENT
+
+    return _STRANDED.format(max_document=MAX_DOCUMENT, env_signs=("NVIDIA_", contract.LEGACY_CUDA_VERSION + "="),
+                            annotation=contract.CDI_ANNOTATION_PREFIX,
+                            folder=contract.VOLUME_MOUNT_DIR.rsplit("/", 1)[1])
 
 
 def _check(python: str, paths: Sequence[str]) -> None:
@@ -190,3 +235,32 @@ def install(path: str = DEFAULT_PATH, python: str | None = None, docker_gpus: bo
             write_atomic(target, text.encode(), 0o755)
             written.append(target)
     return written
+
+
+def uninstall(path: str = DEFAULT_PATH, docker_gpus: bool = False) -> list[str]:
+    """Remove what `install` wrote at `path` (the entry and its `.py`; with `docker_gpus` the same under NVIDIA's
+    name beside it): only files gpuhook wrote (is_ours), never a link or another program, nor the Debian
+    package's entry, which `apt-get remove gpuhook` owns. Returns what was removed."""
+    from gpuhook.errors import GpuhookError
+    from gpuhook.model.contract import PACKAGED_HOOK_PATH
+
+    targets = [os.path.abspath(path)] + ([docker_gpus_path(path)] if docker_gpus else [])
+    if PACKAGED_HOOK_PATH in targets and os.path.exists(PACKAGED_HOOK_PATH + FALLBACK_SUFFIX) and \
+            _packaged(PACKAGED_HOOK_PATH):
+        raise GpuhookError(f"{PACKAGED_HOOK_PATH} is the gpuhook Debian package's: `apt-get remove gpuhook` removes it")
+    removed: list[str] = []
+    for target in dict.fromkeys(targets):
+        for name in (target, target + FALLBACK_SUFFIX):
+            if is_ours(name):
+                os.unlink(name)
+                removed.append(name)
+    return removed
+
+
+def _packaged(path: str) -> bool:
+    """Whether dpkg lists `path` as the gpuhook package's."""
+    try:
+        with open("/var/lib/dpkg/info/gpuhook.list", encoding="utf-8", errors="replace") as f:
+            return path in (line.rstrip("\n") for line in f)
+    except OSError:
+        return False

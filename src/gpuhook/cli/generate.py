@@ -51,14 +51,16 @@ GENERATE_OPTIONS: tuple[Option, ...] = (
 
 
 def default_hook_path() -> str:
-    """What the spec's hooks call: the lean entry `gpuhook hook install` writes, when it is there (the install
-    prefix every shipped file names, and the fastest hook); else the installed `gpuhook`
+    """What the spec's hooks call: the lean entry `gpuhook hook install` writes, else the Debian package's, when
+    it is there (the install prefix every shipped file names, and the fastest hook); else the installed `gpuhook`
     (discover/executables.py). Absolute."""
     from gpuhook.discover.executables import gpuhook_executable
     from gpuhook.hook.installed import DEFAULT_PATH, is_ours
+    from gpuhook.model.contract import PACKAGED_HOOK_PATH
 
-    if is_ours(DEFAULT_PATH) and os.access(DEFAULT_PATH, os.X_OK):
-        return DEFAULT_PATH
+    for entry in (DEFAULT_PATH, PACKAGED_HOOK_PATH):  # `hook install`'s, then the Debian package's
+        if is_ours(entry) and os.access(entry, os.X_OK):
+            return entry
     found = gpuhook_executable()
     if found is None:
         raise CdiError(f"cannot find the gpuhook executable next to {sys.executable} or on PATH; pass --hook-path")
@@ -151,9 +153,10 @@ def lean_main(args: Sequence[str]) -> int | None:
     return run_lean(lambda: generate(**params))  # --watch and --poll-interval are never lean: not in params
 
 
-def serve(args: list[str], cwd: str) -> tuple[int, str, bytes] | None:
+def serve(args: list[str], cwd: str, take: Callable[[], None] = lambda: None) -> tuple[int, str, bytes] | None:
     """`generate-cdi ARGS` for `gpuhook service` (service/client.py): what lean_main does for a client in `cwd`, as
     (exit status, stderr, stdout); None when click must answer (service/server.py declines: the client runs it).
+    `take()` is called before anything is written (the service's TAKING and the client's GO, protocol.py).
     The service runs it in its own process, warm: the spec modules loaded once, the inventory in discover/cache's
     memory while its fingerprint holds."""
     import io
@@ -164,6 +167,7 @@ def serve(args: list[str], cwd: str) -> tuple[int, str, bytes] | None:
     params = parse_lean(args, GENERATE_OPTIONS)
     if params is None:
         return None
+    take()
     for opt in GENERATE_OPTIONS:
         if opt.path and params.get(opt.dest):
             params[opt.dest] = os.path.join(cwd, params[opt.dest])

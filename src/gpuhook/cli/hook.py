@@ -65,3 +65,18 @@ def install(path: str, docker_gpus: bool) -> None:
     if docker_gpus:
         click.echo("gpuhook: restart dockerd (it finds nvidia-container-runtime-hook on its PATH only at start); "
                    "the hook reads GPUHOOK_CONFIG from dockerd's environment, else /etc/gpuhook/config.toml")
+
+
+@hook.command("uninstall")
+@click.option("--path", "path", default=installed.DEFAULT_PATH, show_default=True,
+              help="Where `hook install` wrote the entry.")
+@click.option("--docker-gpus", is_flag=True, help="Also remove it as nvidia-container-runtime-hook beside --path.")
+def uninstall(path: str, docker_gpus: bool) -> None:
+    """Remove what `hook install` wrote: the entry at PATH and PATH.py, only where they are gpuhook's."""
+    from gpuhook.cli.entry import uninstall as remove_entry
+
+    removed = remove_entry(path, docker_gpus=docker_gpus)
+    for name in removed:
+        click.echo(f"gpuhook: removed {name}")
+    if not removed:
+        click.echo(f"gpuhook: no entry of gpuhook's at {path}; nothing removed")

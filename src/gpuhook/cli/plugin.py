@@ -15,7 +15,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from gpuhook.cli.app import CACHE_OPTION, root_options
+from gpuhook.cli.app import CACHE_OPTION
 from gpuhook.cli.inventory import load_inventory
 from gpuhook.errors import ConfigError, GpuhookError, clip
 from gpuhook.model.contract import STATE_DIR
@@ -29,7 +29,9 @@ from gpuhook.plugin.devices import (
 )
 from gpuhook.plugin.health import DEFAULT_IGNORED_XIDS, HealthConfig, parse_xids
 from gpuhook.plugin.lifecycle import DEFAULT_KUBELET_DIR, PluginConfig, serve_forever
-from gpuhook.plugin.settings import parse_go_bool, resolve
+from gpuhook.plugin.nvidiaflags import FLAGS, GATED_FLAGS, NvidiaFlag, health_settings
+from gpuhook.plugin.settings import GO_TRUE as GO_TRUE_WORDS
+from gpuhook.plugin.settings import parse_go_bool, plugin_roots, resolve
 
 log = logging.getLogger("gpuhook.plugin")
 
@@ -48,8 +50,52 @@ class GoBool(click.ParamType):
             self.fail(clip(str(exc), quote=False), param, ctx)
 
 
-# click parameter -> gpuhook setting (plugin/settings.SETTINGS) where the names differ
-PARAM_SETTING = {"device_list_strategy": "list_strategies", "device_id_strategy": "id_strategy"}
+# click parameter -> gpuhook setting (plugin/settings.SETTINGS) where the names differ: NVIDIA's --driver-root is
+# the host's root (the file's nvidiaDriverRoot), --driver-root-ctr-path where this process reads it
+PARAM_SETTING = {"device_list_strategy": "list_strategies", "device_id_strategy": "id_strategy",
+                 "driver_root": "host_driver_root", "dev_root": "host_dev_root",
+                 "driver_root_ctr_path": "driver_root"}
+
+
+def _limited(flag: NvidiaFlag) -> Any:
+    """The callback of an NVIDIA flag gpuhook takes for some values only: anything else is refused, naming
+    what to use instead."""
+    def check(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        if value is None or flag.accepted is None:
+            return value
+        text = str(value)
+        if flag.param == "imex_required":
+            try:
+                text = str(parse_go_bool(text)).lower()
+            except ValueError as exc:
+                raise click.BadParameter(clip(str(exc), quote=False)) from None
+        if text in flag.accepted or (text == "" and not flag.accepted):
+            return value
+        raise click.BadParameter(f"{clip(value)} is not taken by gpuhook: {flag.instead}")
+    return check
+
+
+def nvidia_limited_options(f: Any) -> Any:
+    """NVIDIA's flags gpuhook takes for some values only, or refuses (nvidiaflags.FLAGS with `accepted`), under
+    NVIDIA's names and variables; discovery is the --discovery option's."""
+    for flag in reversed([x for x in FLAGS if x.accepted is not None and x.param != "discovery"]):
+        what = (f"only {', '.join(flag.accepted)}" if flag.accepted else "refused when set") + f": {flag.instead}"
+        f = click.option(*(f"--{n}" for n in flag.names), flag.param, envvar=list(flag.env), show_envvar=True,
+                         default=None, callback=_limited(flag), help=f"NVIDIA's flag; {what}.")(f)
+    return f
+
+
+def _discovery(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    (flag,) = [x for x in FLAGS if x.param == "discovery"]
+    if value in ("auto", "nvml", "procfs"):
+        return value
+    raise click.BadParameter(f"{clip(value)} is not taken by gpuhook: {flag.instead}")
+
+
+def _old_host_root(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    if value is not None:
+        raise click.BadParameter("--host-driver-root is now --driver-root (the host's driver root, as NVIDIA's "
+                                 "plugin means it); where this process reads it is --driver-root-ctr-path")
 
 
 def default_hook_path() -> str:
@@ -60,7 +106,35 @@ def default_hook_path() -> str:
 
 
 @click.command("device-plugin")
-@root_options
+@click.option("--driver-root", "--nvidia-driver-root", "driver_root", envvar="NVIDIA_DRIVER_ROOT", show_envvar=True,
+              default=None, help="The host's driver root, where the container runtime finds the driver (NVIDIA's "
+                                 "meaning; typical: / or /run/nvidia/driver) [default: the hook config's, else /].")
+@click.option("--dev-root", "--nvidia-dev-root", "dev_root", envvar="NVIDIA_DEV_ROOT", show_envvar=True, default=None,
+              help="The host's root of /dev [default: the driver root].")
+@click.option("--driver-root-ctr-path", "--container-driver-root", "driver_root_ctr_path",
+              envvar=["DRIVER_ROOT_CTR_PATH", "CONTAINER_DRIVER_ROOT"], show_envvar=True, default=None,
+              help="Where this process reads the host's driver root when it runs in a container [default: "
+                   "/driver-root where it exists (NVIDIA's chart mounts it there), else --driver-root]; the spec's "
+                   "host paths are rebased from it to --driver-root.")
+@click.option("--host-driver-root", "old_host_root", hidden=True, default=None, expose_value=False,
+              callback=_old_host_root)
+@click.option("--proc-root", default=None, help="procfs to read /driver/nvidia from [default: /proc].")
+@click.option("--discovery", "--device-discovery-strategy", "discovery", envvar="DEVICE_DISCOVERY_STRATEGY",
+              show_envvar=True, default="auto", show_default=True, callback=_discovery,
+              help="Where GPUs come from: auto, nvml or procfs (NVIDIA's tegra is not supported).")
+@click.option("--kubelet-socket", envvar="KUBELET_SOCKET", show_envvar=True, default=None,
+              help="kubelet's registration socket, NVIDIA's way to name it: <dir>/kubelet.sock sets --kubelet-dir.")
+@click.option("--gdrcopy-enabled", envvar="GDRCOPY_ENABLED", show_envvar=True, type=GoBool(), default=None,
+              is_flag=False, flag_value="true", help="Allocate sets NVIDIA_GDRCOPY=enabled (also: NVIDIA_GDRCOPY="
+                                                      "enabled in this process's environment).")
+@click.option("--gds-enabled", envvar="GDS_ENABLED", show_envvar=True, type=GoBool(), default=None, is_flag=False,
+              flag_value="true", help="Allocate sets NVIDIA_GDS=enabled (also: NVIDIA_GDS=enabled here).")
+@click.option("--mofed-enabled", envvar="MOFED_ENABLED", show_envvar=True, type=GoBool(), default=None,
+              is_flag=False, flag_value="true", help="Allocate sets NVIDIA_MOFED=enabled (also: NVIDIA_MOFED="
+                                                      "enabled here).")
+@click.option("--mps-root", envvar="MPS_ROOT", show_envvar=True, default=None,
+              help="NVIDIA's MPS root: taken and unused (MPS sharing is refused in the config file).")
+@nvidia_limited_options
 @click.option("--kubelet-dir", default=DEFAULT_KUBELET_DIR, show_default=True,
               help="Kubelet's device-plugin directory (kubelet.sock and our sockets).")
 @click.option("--config-file", envvar="CONFIG_FILE", default=None, show_envvar=True,
@@ -91,13 +165,10 @@ def default_hook_path() -> str:
                    "--config-file).")
 @click.option("--cdi-spec-dir", default="/var/run/cdi", show_default=True,
               help="Where the CDI spec for the advertised devices is written (nvidia.com-gpu.yaml).")
-@click.option("--host-driver-root", "--nvidia-driver-root", envvar="NVIDIA_DRIVER_ROOT", show_envvar=True,
-              default=None,
-              help="The driver root as the container runtime sees it, when it differs from --driver-root "
-                   "(the plugin runs in a container) [default: --driver-root; NVIDIA's nvidiaDriverRoot].")
 @click.option("--hook-path", default=None, help="Host path of gpuhook for the CDI spec's hooks [default: this one].")
 @click.option("--health-checks", type=click.Choice(["on", "off"]), default="on", show_default=True,
-              help="XID events, device nodes and lost GPUs mark devices unhealthy.")
+              help="XID events, device nodes and lost GPUs mark devices unhealthy. NVIDIA's DP_DISABLE_HEALTHCHECKS "
+                   "(all, or XIDs to ignore too) and DP_ENABLE_HEALTHCHECKS (all, or XIDs to count) apply on top.")
 @click.option("--ignored-xids", default=",".join(str(x) for x in sorted(DEFAULT_IGNORED_XIDS)), show_default=True,
               help="XIDs that are application faults, not device faults (comma list; empty: none ignored).")
 @click.option("--recovery-window", type=click.FloatRange(min=0), default=60.0, show_default=True,
@@ -119,13 +190,15 @@ def default_hook_path() -> str:
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True)
 @CACHE_OPTION
-def device_plugin(driver_root: str, dev_root: str | None, proc_root: str | None, discovery: str, kubelet_dir: str,
+def device_plugin(driver_root: str | None, dev_root: str | None, driver_root_ctr_path: str | None,
+                  proc_root: str | None, discovery: str, kubelet_socket: str | None, gdrcopy_enabled: bool | None,
+                  gds_enabled: bool | None, mofed_enabled: bool | None, mps_root: str | None, kubelet_dir: str,
                   config_file: str | None, resource_name: str, device_list_strategy: str, device_id_strategy: str,
                   mig_strategy: str, fail_on_init_error: bool, pass_device_specs: bool, replicas: int,
-                  cdi_spec_dir: str, host_driver_root: str | None, hook_path: str | None, health_checks: str,
+                  cdi_spec_dir: str, hook_path: str | None, health_checks: str,
                   ignored_xids: str, recovery_window: float, health_interval: float, sys_root: str,
                   dev_char_path: str | None, hook_state_dir: str, feature_file: str | None, log_level: str,
-                  inventory_cache: str | None) -> None:
+                  inventory_cache: str | None, **nvidia_limited: Any) -> None:
     """Kubelet device plugin: advertise GPUs with health, answer Allocate with CDI device names."""
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -150,21 +223,24 @@ def device_plugin(driver_root: str, dev_root: str | None, proc_root: str | None,
             raise ConfigError(f"--replicas and sharing.timeSlicing in {clip(config_file, quote=False)}: "
                               "give time-slicing once")
     settings = resolve(explicit, file, defaults)
-    host_root = settings.get("host_driver_root")
-    read_root = settings["driver_root"] if "driver_root" in given or (file and file.driver_root) else (
-        host_root or driver_root)
+    roots = plugin_roots(settings.get("host_driver_root"), settings.get("host_dev_root"), settings.get("driver_root"))
+    file_fields = file.options_fields() if file is not None else {}
+    file_fields["gated_env"] = gated_env(ctx, file.gated_env if file is not None else ())
     options = Options(resource_name=resource_name, id_strategy=settings["id_strategy"],
                       mig_strategy=settings["mig_strategy"], replicas=replicas,
                       list_strategies=settings["list_strategies"], pass_device_specs=settings["pass_device_specs"],
-                      **(file.options_fields() if file is not None else {}))
+                      **file_fields)
     options.check()
+    health_on, xids = health_settings(xids)
     config = PluginConfig(
         options=options,
-        kubelet_dir=os.path.abspath(kubelet_dir),
+        kubelet_dir=os.path.abspath(kubelet_directory(kubelet_socket, kubelet_dir, "kubelet_dir" in given)),
         cdi_spec_dir=os.path.abspath(cdi_spec_dir),
         hook_path=hook_path or default_hook_path(),
-        host_driver_root=host_root,
-        health=HealthConfig(enabled=health_checks == "on", ignored_xids=xids, recovery_window=recovery_window,
+        host_driver_root=roots.host_driver,
+        host_dev_root=roots.host_dev,
+        health=HealthConfig(enabled=health_checks == "on" and health_on, ignored_xids=xids,
+                            recovery_window=recovery_window,
                             interval=health_interval),
         sys_root=sys_root,
         feature_file=os.path.abspath(feature_file) if feature_file else None,
@@ -174,6 +250,40 @@ def device_plugin(driver_root: str, dev_root: str | None, proc_root: str | None,
     )
     method = settings["discovery"]
     try:
-        serve_forever(config, lambda: load_inventory(read_root, dev_root, proc_root, method, inventory_cache))
+        serve_forever(config, lambda: load_inventory(roots.read_driver, roots.read_dev, proc_root, method,
+                                                     inventory_cache))
     except OSError as exc:
         raise GpuhookError(f"device plugin: {exc}") from None
+
+
+def gated_env(ctx: click.Context, from_file: tuple[str, ...]) -> tuple[str, ...]:
+    """The gated variables Allocate sets to `enabled`: each *_ENABLED flag (command line or environment) wins;
+    else NVIDIA_GDS=enabled & co in this process's environment; else the config file's gdsEnabled & co."""
+    out = []
+    for param, name in GATED_FLAGS.items():
+        source = ctx.get_parameter_source(param)
+        if source in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT):
+            wanted = bool(ctx.params[param])
+        elif os.environ.get(name, "") != "":
+            value = os.environ[name]
+            wanted = value == "enabled" or value in GO_TRUE_WORDS
+        else:
+            wanted = name in from_file
+        if wanted:
+            out.append(name)
+    return tuple(out)
+
+
+def kubelet_directory(socket: str | None, kubelet_dir: str, dir_given: bool) -> str:
+    """--kubelet-dir, or the folder of NVIDIA's --kubelet-socket (<dir>/kubelet.sock): the plugin's sockets go
+    beside kubelet's, as kubelet expects them."""
+    if socket is None:
+        return kubelet_dir
+    if os.path.basename(socket) != "kubelet.sock":
+        raise ConfigError(f"--kubelet-socket {clip(socket)}: gpuhook registers through kubelet.sock in kubelet's "
+                          "device-plugin folder: give that folder with --kubelet-dir")
+    folder = os.path.dirname(socket) or "."
+    if dir_given and os.path.abspath(folder) != os.path.abspath(kubelet_dir):
+        raise ConfigError(f"--kubelet-socket {clip(socket)} and --kubelet-dir {clip(kubelet_dir)} name different "
+                          "folders: give one")
+    return folder

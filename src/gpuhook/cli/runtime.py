@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from gpuhook.runtimeconfig.files import apply, unified_diff
-from gpuhook.runtimeconfig.runtimes import MODES, RUNTIMES, Options, Plan, plan
+from gpuhook.runtimeconfig.runtimes import MODES, RESTART, RUNTIMES, Options, Plan, plan
 
 GPUS_MODE = "gpus"  # Docker's --gpus route: no config file, the hook under NVIDIA's name (cli/entry)
 
@@ -100,3 +100,37 @@ def _report(result: Plan, dry_run: bool) -> None:
         backup = apply(change)
         click.echo(f"updated {change.path} (backup: {backup})" if backup else f"created {change.path}")
     click.echo(f"configured {what}; {result.restart}")
+
+
+@runtime.command()
+@click.option("--runtime", "runtime_name", type=click.Choice(RUNTIMES), required=True, help="Runtime to put back.")
+@click.option("--config", "config_path", default=None, metavar="PATH",
+              help="Config file, as given to configure [default: the one configure picks].")
+@click.option("--hooks-dir", default=None, metavar="DIR",
+              help="crio/podman: the hooks dir given to configure [default: /etc/containers/oci/hooks.d].")
+@click.option("--dry-run", is_flag=True, help="Say what would be put back; change nothing.")
+def unconfigure(runtime_name: str, config_path: str | None, hooks_dir: str | None, dry_run: bool) -> None:
+    """Put the runtime's config back as it was before `runtime configure` (from its <file>.gpuhook.bak backups;
+    files configure created are removed)."""
+    unconfigure_runtime(runtime_name, config_path, hooks_dir, dry_run)
+
+
+def unconfigure_runtime(runtime_name: str, config_path: str | None, hooks_dir: str | None, dry_run: bool) -> int:
+    """Print and (unless `dry_run`) apply runtimeconfig.unconfigure's plan; returns how many files it touches."""
+    from gpuhook.runtimeconfig.unconfigure import apply_undo, plan_unconfigure
+
+    result = plan_unconfigure(runtime_name, config_path, hooks_dir)
+    for note in result.notes:
+        click.echo(f"note: {note}", err=True)
+    for undo in result.undos:
+        what = f"restore {undo.path} from {undo.backup}" if undo.action == "restore" else f"remove {undo.path}"
+        if dry_run:
+            click.echo(f"dry run: would {what}")
+            continue
+        apply_undo(undo)
+        click.echo(f"restored {undo.path} from {undo.backup}" if undo.action == "restore" else f"removed {undo.path}")
+    if not result.undos:
+        click.echo(f"{runtime_name}: nothing of gpuhook's to put back")
+    elif not dry_run:
+        click.echo(f"unconfigured {runtime_name}; {RESTART[runtime_name]}")
+    return len(result.undos)

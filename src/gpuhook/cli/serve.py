@@ -1,4 +1,4 @@
-"""`gpuhook service [--config FILE] [--socket PATH]`, click-free: its options (the one table the click command in
+"""`gpuhook service [--config FILE]`, click-free: its options (the one table the click command in
 cli/service.py uses too) and its start.
 
 cli/__init__.main runs a plain command line through `lean_main`, as systemd's unit does, because whatever the
@@ -17,12 +17,10 @@ if TYPE_CHECKING:
 
 SERVICE_OPTIONS: tuple[Option, ...] = (
     Option(("--config",), "config_path", "Config file [default: /etc/gpuhook/config.toml].", metavar="FILE"),
-    Option(("--socket",), "socket_path", "Socket to listen on [default: the config's service-socket, "
-           "/run/gpuhook/service.sock]; a socket systemd passes (LISTEN_FDS) wins.", metavar="PATH"),
 )
 
 
-def run(config_path: str | None, socket_path: str | None) -> int:
+def run(config_path: str | None) -> int:
     """Serve until SIGTERM: the hooks, `generate-cdi` for the console script and the shim's planning
     (service/client.py)."""
     from gpuhook.cli import generate
@@ -30,7 +28,7 @@ def run(config_path: str | None, socket_path: str | None) -> int:
     from gpuhook.service.server import main
     from gpuhook.shim import runtime
 
-    return main(config_path, socket_path, {GENERATE_CDI: generate.serve, RUNTIME_PREPARE: runtime.serve})
+    return main(config_path, {GENERATE_CDI: generate.serve, RUNTIME_PREPARE: runtime.serve})
 
 
 def lean_main(args: Sequence[str]) -> int | None:

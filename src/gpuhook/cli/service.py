@@ -10,8 +10,9 @@ from gpuhook.cli.serve import SERVICE_OPTIONS, run
 
 @click.command("service")
 @apply_options(SERVICE_OPTIONS)
-def service(config_path: str | None, socket_path: str | None) -> None:
+def service(config_path: str | None) -> None:
     """Serve the prestart hook to the native hook entry `gpuhook hook install` writes, warm: one fork per
     container start instead of a fresh interpreter; and `gpuhook generate-cdi` to the console script. Root only;
-    stops on SIGTERM."""
-    raise SystemExit(run(config_path, socket_path))
+    stops on SIGTERM. It listens on $GPUHOOK_SERVICE_SOCKET, else /run/gpuhook/service.sock (or on the socket
+    systemd passes): the one place every client looks."""
+    raise SystemExit(run(config_path))

@@ -186,6 +186,17 @@ def keep_warm() -> None:
         _WARM = {}
 
 
+def rescan(roots: Roots, cache_path: str) -> Inventory:
+    """A fresh scan, whatever the caches say (a start met a driver file gone: its plan came from an inventory that
+    its fingerprint did not catch going stale), stored and kept warm in their place when stable."""
+    inv, stable = scan(roots)
+    if stable and not inv.incomplete():
+        store(cache_path, inv)
+        if _WARM is not None:
+            _WARM[(roots, cache_path)] = inv
+    return inv
+
+
 def inventory(roots: Roots, cache_path: str, notes: list[str] | None = None) -> Inventory:
     """The cached inventory while it is trusted and true, else a scan (stored when stable); `notes` gets one
     line for a cache that was refused. With keep_warm(), the one in memory first, while its fingerprint holds."""

@@ -24,20 +24,7 @@ from gpuhook.errors import DiscoveryError
 from gpuhook.model import catalogue
 from gpuhook.model.inventory import DriverFile
 
-LIB64_SCAN_DIRS: tuple[str, ...] = (
-    catalogue.LIB_DIR,
-    "/usr/lib64",
-    "/lib64",
-    "/usr/lib",
-    "/lib/x86_64-linux-gnu",
-    f"{catalogue.LIB_DIR}/nvidia/current",
-)
-LIB32_SCAN_DIRS: tuple[str, ...] = (
-    catalogue.LIB32_DIR,
-    "/usr/lib32",
-    "/lib32",
-    f"{catalogue.LIB32_DIR}/nvidia/current",
-)
+LIB64_SCAN_DIRS, LIB32_SCAN_DIRS = catalogue.LIB64_SCAN_DIRS, catalogue.LIB32_SCAN_DIRS
 ELF_MACHINE = {64: 62, 32: 3}  # EM_X86_64, EM_386
 # The libraries whose folders are the driver's library folders.
 ANCHORS: tuple[str, ...] = ("libcuda", "libnvidia-ml")

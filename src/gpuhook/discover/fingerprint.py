@@ -1,4 +1,6 @@
-"""A cheap digest of what would change an inventory: driver version, device node set, MIG layout.
+"""A cheap digest of what would change an inventory: driver version, device node set, MIG layout, and the
+driver's files (the identity and mtime of the ld cache and of each folder discovery searches for libraries: a
+package manager's add, remove, replace or relink changes a folder, and runs ldconfig).
 
 Computed on every hook run to decide whether the cached inventory is still true, so it reads no library,
 loads no NVML and costs a handful of syscalls. SHA-256 comes from CPython's built-in module where there is one:
@@ -10,6 +12,7 @@ from __future__ import annotations
 import os
 
 from gpuhook.discover.roots import Roots, join
+from gpuhook.model.catalogue import LD_CACHE, LIB32_SCAN_DIRS, LIB64_SCAN_DIRS
 
 try:
     from _sha256 import sha256  # CPython <= 3.11
@@ -51,6 +54,14 @@ def _mig_layout(proc_root: str) -> list[str]:
     return layout
 
 
+def _stamp(path: str) -> str:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return "-"
+    return f"{st.st_dev}:{st.st_ino}:{st.st_mtime_ns}:{st.st_size}"
+
+
 def fingerprint(roots: Roots) -> str:
     h = sha256()
     h.update(_version_text(roots).encode())
@@ -64,4 +75,6 @@ def fingerprint(roots: Roots) -> str:
     h.update(("|".join(_listdir(os.path.join(roots.proc_root, "driver/nvidia/gpus")))).encode())
     h.update(("|".join(_mig_layout(roots.proc_root))).encode())
     h.update(f"{roots.driver_root}|{roots.dev_root}|{roots.proc_root}".encode())
+    for folder in (LD_CACHE, *LIB64_SCAN_DIRS, *LIB32_SCAN_DIRS):
+        h.update(f"|{_stamp(join(roots.driver_root, folder))}".encode())
     return h.hexdigest()[:32]

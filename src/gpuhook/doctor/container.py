@@ -34,7 +34,7 @@ from gpuhook.model.request import (
     parse_request,
     requirement_keys,
 )
-from gpuhook.model.selection import all_devices, find_device, resolve
+from gpuhook.model.selection import device_names, find_device, resolve
 
 NVIDIA_MAJOR = 195
 SHOWN_ENV = ("NVIDIA_", LEGACY_CUDA_VERSION)
@@ -74,13 +74,6 @@ def describe(device: Gpu | MigDevice) -> str:
         extra = ", ".join(x for x in (device.uuid, device.pci_bus_id) if x)
         return f"GPU {device.index}" + (f" ({extra})" if extra else "")
     return f"MIG device {device.name}" + (f" ({device.uuid}, {device.profile})" if device.uuid else "")
-
-
-def _names(inv: Inventory) -> list[str]:
-    out: list[str] = []
-    for d in all_devices(inv):
-        out += [d.name if isinstance(d, MigDevice) else str(d.index)] + ([d.uuid] if d.uuid else [])
-    return out + ["all", "none"]
 
 
 class _Steps:
@@ -220,7 +213,7 @@ def explain(inp: ContainerInput, inv: Inventory | None, config: Config) -> tuple
         selection = resolve(inv, request)
     except RequestError as exc:
         fix = (datacenter.imex_fix(inv) if "IMEX" in str(exc)
-               else f"{VISIBLE_DEVICES}=<comma list of: {', '.join(_names(inv))}>")
+               else f"{VISIBLE_DEVICES}=<comma list of: {', '.join(device_names(inv))}>")
         steps.add(PROBLEM, f"the start would fail: {exc}", fix)
         return steps.findings, summary
     line, detail = _selection_line(inv, request, selection.devices)

@@ -28,10 +28,28 @@ class Daemon(Record):
     runtime: str
     pid: int
     config: str | None  # the config file named on its command line (absolute), None: the default one
+    uid: int = 0  # the user it runs as: another user's daemon (rootless) starts that user's containers
+    managed_by: str = ""  # "docker": a containerd dockerd started for itself (Docker's checks cover it)
 
     def describe(self) -> str:
         where = f"with config {self.config}" if self.config else "with its default config"
         return f"{self.runtime} daemon running (pid {self.pid}) {where}"
+
+    def not_ours(self, my_uid: int | None = None) -> str:
+        """Why this daemon's own config is not the one that gives this host's containers their GPUs ("" if it
+        is): Docker's managed containerd, or another user's daemon (a rootless one, or a test's)."""
+        if self.managed_by == "docker":
+            return (f"{self.runtime} (pid {self.pid}) is Docker's own, started by dockerd: Docker's containers get "
+                    "their GPUs through Docker's configuration, checked under Docker")
+        me = os.getuid() if my_uid is None else my_uid
+        if self.uid not in (0, me):
+            return (f"{self.runtime} (pid {self.pid}) runs as uid {self.uid}: another user's daemon, for that "
+                    "user's containers; run gpuhook doctor as that user to check it")
+        return ""
+
+
+# dockerd starts its own containerd with a config under its exec root (/var/run/docker/containerd/containerd.toml)
+DOCKER_MANAGED_CONFIG = "/containerd/containerd.toml"
 
 
 def option_value(args: Sequence[str], names: Sequence[str]) -> str | None:
@@ -68,7 +86,13 @@ def _daemon(proc: psutil.Process) -> Daemon | None:
             config = proc.environ().get(PODMAN_CONFIG_ENV) or None
         if config and not os.path.isabs(config):
             config = os.path.join(proc.cwd(), config)
-        return Daemon(runtime, proc.pid, os.path.normpath(config) if config else None)
+        managed = ""
+        if runtime == "containerd":
+            parent = proc.parent()
+            by_dockerd = parent is not None and os.path.basename(parent.name()) == "dockerd"
+            if by_dockerd or (config or "").endswith(DOCKER_MANAGED_CONFIG) and "/docker/" in (config or ""):
+                managed = "docker"
+        return Daemon(runtime, proc.pid, os.path.normpath(config) if config else None, proc.uids().real, managed)
     except (psutil.Error, OSError):
         return None
 

@@ -129,16 +129,37 @@ def _modify_device_files(inv: Inventory) -> list[Finding]:
     return [_f(WARN, f"{inv.params_host_path} has no ModifyDeviceFiles line")]
 
 
+def kernel_module_installed(driver_root: str, release: str | None = None) -> bool:
+    """An nvidia kernel module on disk for the running kernel (`release`), under the driver root's
+    lib/modules or usr/lib/modules: loaded by `modprobe nvidia`, where no module means no driver at all."""
+    import glob
+
+    release = release or os.uname().release
+    for modules in ("lib/modules", "usr/lib/modules"):
+        top = os.path.join(driver_root, modules, release)
+        if glob.glob(os.path.join(glob.escape(top), "**", "nvidia.ko*"), recursive=True):
+            return True
+    return False
+
+
 def check_host(roots: Roots, method: str = "auto") -> tuple[Inventory | None, list[Finding]]:
     """The inventory (None without a driver) and the host's findings."""
     try:
         inv = discover(roots, method=method)
     except DiscoveryError as exc:
         version = os.path.join(roots.proc_root, "driver/nvidia/version")
-        fix = "modprobe nvidia" if not os.path.exists(version) else "install the NVIDIA driver's user-space libraries"
+        message = f"no usable NVIDIA driver: {exc}"
         if roots.driver_root != "/" and not os.path.isdir(roots.driver_root):
             fix = "pass the driver install's root with --driver-root"
-        return None, [_f(PROBLEM, f"no usable NVIDIA driver: {exc}", fix)]
+        elif os.path.exists(version):
+            fix = "install the NVIDIA driver's user-space libraries"
+        elif kernel_module_installed(roots.driver_root):
+            fix = "modprobe nvidia"
+        else:  # neither the kernel module loaded nor one on disk, nor the libraries: nothing is installed
+            message = f"no NVIDIA driver is installed on this host ({exc})"
+            fix = ("install the NVIDIA driver (your distribution's package or NVIDIA's installer), then run "
+                   "gpuhook doctor again")
+        return None, [_f(PROBLEM, message, fix)]
     migs = len(inv.all_mig_devices())
     summary = (f"driver {inv.driver_version}" + (f" (CUDA {inv.cuda_version})" if inv.cuda_version else "")
                + f" found through {'NVML' if inv.source == 'nvml' else '/proc/driver/nvidia'}: {len(inv.gpus)} GPU(s)"

@@ -26,7 +26,7 @@ from gpuhook.errors import GpuhookError
 from gpuhook.fileio.atomic import read_regular
 from gpuhook.fileio.tomlfile import tomllib
 from gpuhook.model import cdiignored, record
-from gpuhook.model.contract import CDI_IGNORED_RECORD, HOOK_PATH
+from gpuhook.model.contract import CDI_IGNORED_RECORD, HOOK_PATH, PLUGIN_CDI_KIND
 from gpuhook.model.record import Record
 from gpuhook.shim.runtime import has_gpuhook_hook
 
@@ -75,6 +75,15 @@ class Paths(Record):
     @property
     def cdi_fix(self) -> str:
         return f"gpuhook generate-cdi{self.generate_flags} --output {self.spec_dirs[0]}/nvidia.yaml"
+
+    def configure(self, runtime: str, mode: str) -> str:
+        """The `gpuhook runtime configure` command that fixes `runtime`, naming the config file checked when it
+        is not the default one (the running daemon's `--config`)."""
+        field_name = {"containerd": "containerd_config", "crio": "crio_config", "docker": "docker_config"}[runtime]
+        config = getattr(self, field_name)
+        default = {"containerd": CONTAINERD_CONFIG, "crio": CRIO_CONFIG, "docker": DOCKER_CONFIG}[runtime]
+        named = "" if config == default else f" --config {config}"
+        return f"gpuhook runtime configure --runtime {runtime}{named} --mode {mode}"
 
     @property
     def crio_dropins(self) -> str:
@@ -234,6 +243,9 @@ def _cdi_findings(label: str, dirs: Sequence[str], specs: SpecStatus, max_versio
             out.append(_f(OK, f"{label}: CDI devices nvidia.com/gpu=… from {path}"))
         else:
             out.append(_f(WARN, f"{label}: reads {path}, which is stale or unchecked (see CDI specs)"))
+    for path in specs.plugin_specs(dirs):  # written by the running device plugin for what it advertises
+        works = True
+        out.append(_f(OK, f"{label}: CDI devices {PLUGIN_CDI_KIND}=… from {path} (the device plugin's, for pods)"))
     return works, out
 
 
@@ -289,7 +301,7 @@ def check_crio(ver: Version | None, paths: Paths, specs: SpecStatus) -> list[Fin
         spec_dirs = _get(data, ("crio", "runtime", "cdi_spec_dirs")) or spec_dirs
     hooks = [str(h) for h in hooks_dir] if isinstance(hooks_dir, list) else [paths.hooks_dirs[0]]
     dirs = [str(d) for d in spec_dirs] if isinstance(spec_dirs, list) else list(paths.spec_dirs)
-    hook_ok, hook_out = _hook_findings(label, hooks, "gpuhook runtime configure --runtime crio --mode hook")
+    hook_ok, hook_out = _hook_findings(label, hooks, paths.configure("crio", "hook"))
     cdi_ok, cdi_out = _cdi_findings(label, dirs, specs)
     return out + hook_out + cdi_out + _verdict(label, hook_ok or cdi_ok, paths.cdi_fix,
                                                f"no current nvidia.com/gpu CDI spec in {', '.join(dirs)} and no "
@@ -321,7 +333,7 @@ def check_containerd(ver: Version | None, paths: Paths, specs: SpecStatus) -> li
         spec, spec_error = _json(base)
         if spec_error or spec is None:
             out.append(_f(PROBLEM, f"{label}: base_runtime_spec {base}: {spec_error or 'missing'}",
-                          "gpuhook runtime configure --runtime containerd --mode hook"))
+                          paths.configure("containerd", "hook")))
         elif has_gpuhook_hook(spec):
             works = True
             out.append(_f(OK, f"{label}: runtime {name!r} starts from {base}, which has gpuhook's prestart hook"))
@@ -336,7 +348,7 @@ def check_containerd(ver: Version | None, paths: Paths, specs: SpecStatus) -> li
     mode = "cdi" if cdi_supported else "hook"
     why = ("no CDI (enable_cdi) with a current spec, no gpuhook hook in the base runtime spec, no "
            f"BinaryName = {SHIM}")
-    return out + _verdict(label, works, f"gpuhook runtime configure --runtime containerd --mode {mode}", why)
+    return out + _verdict(label, works, paths.configure("containerd", mode), why)
 
 
 def check_docker(ver: Version | None, paths: Paths, specs: SpecStatus) -> list[Finding]:
@@ -378,7 +390,7 @@ def check_docker(ver: Version | None, paths: Paths, specs: SpecStatus) -> list[F
     mode = "cdi" if cdi_supported else "hook"
     why = ("no CDI (features.cdi) with a current spec, no gpuhook nvidia-container-runtime-hook for --gpus and no "
            "runtime entry for " + SHIM)
-    return out + _verdict(label, works, f"gpuhook runtime configure --runtime docker --mode {mode}", why)
+    return out + _verdict(label, works, paths.configure("docker", mode), why)
 
 
 NVIDIA_RUNTIMES = ("nvidia-container-runtime", "nvidia-container-runtime.cdi", "nvidia-container-runtime.legacy")
@@ -415,9 +427,14 @@ def with_config(name: str, paths: Paths, config: str) -> Paths:
 
 def _daemon_paths(name: str, paths: Paths, daemons: Sequence[Daemon]) -> tuple[list[Paths], list[Finding]]:
     """The config paths to check for runtime `name`: each running daemon's own file (its command line's
-    `--config`), else the default; with an INFO finding per daemon, or saying none runs."""
-    mine = [d for d in daemons if d.runtime == name]
-    notes = [_f(INFO, d.describe()) for d in mine]
+    `--config`), else the default; with an INFO finding per daemon, or saying none runs. A daemon that is not
+    this host's own (Docker's managed containerd, another user's) is named and not checked; with only such
+    daemons running, nothing is checked."""
+    theirs = [d for d in daemons if d.runtime == name and d.not_ours()]
+    mine = [d for d in daemons if d.runtime == name and not d.not_ours()]
+    notes = [_f(INFO, d.not_ours()) for d in theirs] + [_f(INFO, d.describe()) for d in mine]
+    if theirs and not mine:
+        return [], notes
     if not mine and name in ("containerd", "crio", "docker"):
         notes.append(_f(INFO, f"no {name} daemon running: checking its default config"))
     configs = list(dict.fromkeys(d.config for d in mine if d.config))

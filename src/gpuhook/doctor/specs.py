@@ -20,6 +20,7 @@ from gpuhook.cdi.names import DEFAULT_NAME_STRATEGIES
 from gpuhook.cdi.registry import Registry, scan, spec_files
 from gpuhook.cdi.spec import ALL_DEVICE, default_devices
 from gpuhook.doctor.model import INFO, OK, PROBLEM, WARN, Finding
+from gpuhook.model.contract import PLUGIN_CDI_KIND
 from gpuhook.model.edits import CDI_CAPABILITIES, common_edits, device_edits, merge_all
 from gpuhook.model.inventory import Gpu, Inventory, MigDevice
 from gpuhook.model.record import Record, field
@@ -47,6 +48,12 @@ class SpecStatus(Record, frozen=False):
         """Paths in `dirs` whose nvidia.com/gpu devices a runtime reading those dirs resolves."""
         reg = scan(dirs)
         return sorted({d.spec_path for name, d in reg.devices.items() if name.startswith(CDI_KIND + "=")})
+
+    def plugin_specs(self, dirs: Sequence[str]) -> list[str]:
+        """Paths in `dirs` whose device-plugin devices (k8s.device-plugin.nvidia.com/gpu, gpuhook's or NVIDIA's
+        plugin) a runtime reading those dirs resolves: how a Kubernetes node's pods get their GPUs."""
+        reg = scan(dirs)
+        return sorted({d.spec_path for name, d in reg.devices.items() if name.startswith(PLUGIN_CDI_KIND + "=")})
 
 
 def _nodes(items: Any) -> Nodes:
@@ -198,12 +205,27 @@ def check_specs(dirs: Sequence[str], inv: Inventory | None, flags: str = "") -> 
         where = " (shadowed: every name it defines comes from another spec)" if shadowed else ""
         out.append(Finding("cdi", WARN if shadowed else PROBLEM, f"{path} is stale{where}: {'; '.join(reasons)}",
                            regenerate_command(path, spec, flags)))
-    for name, paths in sorted(reg.conflicts.items()):
-        out.append(Finding("cdi", PROBLEM, f"{name} is defined by {' and '.join(paths)} at one priority: "
-                                           "a runtime cannot resolve it", f"rm {paths[-1]}"))
+    out += clashes(reg.conflicts)
     if not files:
         out.append(Finding("cdi", INFO, f"no CDI spec in {', '.join(dirs)}"))
     return out, status
+
+
+def clashes(conflicts: dict[str, list[str]]) -> list[Finding]:
+    """One PROBLEM per set of spec files that define the same qualified names in one directory (a runtime's CDI
+    cache then resolves none of them): the files, how many names, the first few. The usual cause: two writers
+    of one kind on a node (a device plugin's spec beside a host spec of kind nvidia.com/gpu)."""
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for name, paths in conflicts.items():
+        groups.setdefault(tuple(paths), []).append(name)
+    out = []
+    for paths, names in sorted(groups.items()):
+        names.sort()
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        out.append(Finding("cdi", PROBLEM, f"CDI name clash: {' and '.join(paths)} both define {shown} at one "
+                                           f"priority: a runtime resolves none of these {len(names)} name(s)",
+                           f"keep one writer of this kind: rm {paths[-1]} (or regenerate it under another kind)"))
+    return out
 
 
 def _files(folder: str) -> list[str]:

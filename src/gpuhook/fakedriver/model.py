@@ -225,7 +225,8 @@ class FakeDriver(Record):
 
     @property
     def control_dir(self) -> Path:
-        """Where tests steer the NVML mock: xid, fail-init, lost-<index>, wait-at-once, registrations."""
+        """Where tests steer the NVML mock: xid, fail-init, lost-<index>, wait-at-once, registrations,
+        compute-mode-<index>, compute-mode-denied."""
         return self.root / "run" / "fake-nvml"
 
     def inject_xid(self, gpu_index: int, xid: int, gi: int | None = None, ci: int | None = None) -> None:
@@ -245,6 +246,20 @@ class FakeDriver(Record):
     def set_wait_at_once(self, at_once: bool = True) -> None:
         """nvmlEventSetWait answers NVML_ERROR_TIMEOUT at once, without blocking, and counts its calls."""
         self._flag("wait-at-once", at_once)
+
+    def compute_mode(self, gpu_index: int) -> int:
+        """A GPU's NVML compute mode (0 DEFAULT, 2 PROHIBITED, 3 EXCLUSIVE_PROCESS)."""
+        self._gpu(gpu_index)
+        path = self.control_dir / f"compute-mode-{gpu_index}"
+        return int(path.read_text(encoding="ascii").split()[0]) if path.exists() else 0
+
+    def set_compute_mode(self, gpu_index: int, mode: int) -> None:
+        self._gpu(gpu_index)
+        (self.control_dir / f"compute-mode-{gpu_index}").write_text(f"{mode}\n", encoding="ascii")
+
+    def set_compute_mode_denied(self, denied: bool = True) -> None:
+        """nvmlDeviceSetComputeMode answers NO_PERMISSION."""
+        self._flag("compute-mode-denied", denied)
 
     def event_waits(self) -> int:
         """How many nvmlEventSetWait calls were answered at once (set_wait_at_once) so far."""

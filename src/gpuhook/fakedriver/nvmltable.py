@@ -53,9 +53,15 @@ def _gpu_row(gpu: FakeGpu, mig_first: int) -> str:
     return "    {" + ", ".join(fields) + "},"
 
 
+# The H100 80GB's GPU-instance profile ids (nvidia-smi mig -lgip, "ID"; NVIDIA's MIG user guide's H100 table).
+GI_PROFILE_IDS = {"1g.10gb": 19, "2g.20gb": 14, "3g.40gb": 9, "4g.40gb": 5, "7g.80gb": 0}
+
+
 def _mig_row(mig: FakeMigDevice) -> str:
     p = MIG_PROFILES[mig.profile]
     counts = [p.sm_count, p.ce_count, p.dec_count, 0, p.jpg_count, p.ofa_count, p.gi_slices, p.gi_slices]
+    start = (mig.gi - p.gi_id_base) * p.mem_slices  # MigProfile.gi_id's inverse
+    counts += [GI_PROFILE_IDS[mig.profile], start, p.mem_slices]
     fields = [
         str(mig.gpu_index),
         str(mig.index),

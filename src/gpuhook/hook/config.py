@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import os
 
-from gpuhook.errors import ConfigError
-from gpuhook.model.contract import SERVICE_SOCKET, STATE_DIR
+from gpuhook.errors import ConfigError, clip
+from gpuhook.model.contract import SERVICE_SOCKET, SERVICE_SOCKET_ENV, STATE_DIR
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from gpuhook.model.request import Policy
 
 DEFAULT_PATH = "/etc/gpuhook/config.toml"
+DEFAULT_LOG = "/var/log/gpuhook.log"
 CONFIG_ENV = "GPUHOOK_CONFIG"  # names the file when no --config is given (the shim; the hook under docker --gpus)
 
 # attribute -> (type, default). `supported_capabilities` None = every capability gpuhook knows
@@ -31,7 +32,7 @@ _FIELDS: dict[str, tuple[type, Any]] = {
     "dev_root": (str, ""),  # empty: same as driver root
     "proc_root": (str, "/proc"),
     "ldconfig": (str, "@/sbin/ldconfig"),  # '@' = a path on the host, never the image's
-    "log_file": (str, "/var/log/gpuhook.log"),  # empty: no log
+    "log_file": (str, DEFAULT_LOG),  # empty: no log
     "accept_envvar_unprivileged": (bool, True),
     "accept_volume_mounts": (bool, False),  # NVIDIA: accept-nvidia-visible-devices-as-volume-mounts = false
     "disable_require": (bool, False),
@@ -41,7 +42,6 @@ _FIELDS: dict[str, tuple[type, Any]] = {
     # writes it, one comma list, and kept as the tuple of names (the hook's no-GPU check and the request use it)
     "swarm_resource": (list, ()),
     "annotation_prefixes": (list, ("cdi.k8s.io/",)),  # NVIDIA's modes.cdi.annotation-prefixes
-    "service_socket": (str, SERVICE_SOCKET),  # `gpuhook service` listens here (service/server.py)
     # where a start leaves the device plugin its record of a runtime that ignored CDI devices (hook/cdiignored.py)
     "state_dir": (str, STATE_DIR),  # empty: none
 }
@@ -57,7 +57,7 @@ class Config:
 
     __slots__ = ("driver_root", "dev_root", "proc_root", "ldconfig", "log_file", "accept_envvar_unprivileged",
                  "accept_volume_mounts", "disable_require", "_supported_capabilities", "inventory_cache",
-                 "swarm_resource", "annotation_prefixes", "service_socket", "state_dir", "source")
+                 "swarm_resource", "annotation_prefixes", "state_dir", "source")
     driver_root: str
     dev_root: str
     proc_root: str
@@ -70,7 +70,6 @@ class Config:
     inventory_cache: str
     swarm_resource: tuple[str, ...]
     annotation_prefixes: tuple[str, ...]
-    service_socket: str
     state_dir: str
     source: str
 
@@ -266,8 +265,23 @@ def _parse_toml(text: str, path: str) -> dict[str, object]:
         raise ConfigError(f"{path}: invalid TOML: {exc}") from None
 
 
+def _retired_service_socket(path: str, data: dict[str, object]) -> None:
+    """`service-socket` is no longer read: the service and the hook entry both use $GPUHOOK_SERVICE_SOCKET, else
+    /run/gpuhook/service.sock (one rule, which the native entry can follow without parsing TOML). A file that
+    still names that very path means no change; any other path would be a silent slow fallback on every start,
+    so it is refused with the way out."""
+    for key in ("service-socket", "service_socket"):
+        if key in data:
+            value = data.pop(key)
+            if value != (os.environ.get(SERVICE_SOCKET_ENV) or SERVICE_SOCKET):
+                raise ConfigError(f"{path}: {key} {clip(str(value))} is no longer read: the service and the hook "
+                                  f"entry both use ${SERVICE_SOCKET_ENV}, else {SERVICE_SOCKET}; remove the key "
+                                  f"and set {SERVICE_SOCKET_ENV} in the service's and the hook's environment")
+
+
 def parse_config(text: str, path: str = "<config>") -> Config:
     data = _parse_toml(text, path)
+    _retired_service_socket(path, data)
     values = {_attribute(key): _convert(path, key, value) for key, value in data.items()}
     return Config(source=path, **values)
 

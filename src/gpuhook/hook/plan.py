@@ -49,6 +49,7 @@ class Decided(Record):
     summary: str  # the plan's summary, the log line's middle part (Planned.summary)
     notes: str  # the request's notes, as the log line words them
     cdi_ignored: tuple[str, ...]  # CDI names the runtime did not apply, recorded for the plugin (hook/cdiignored.py)
+    cdi_marker: str = ""  # the plugin's sealed marker they came in (recorded only when this node's plugin made it)
 
 
 def plan_request(config: Config, request: Request, inv: Inventory | None = None,

@@ -13,6 +13,7 @@ import os
 import sys
 import time
 
+from gpuhook.errors import GpuhookError
 from gpuhook.hook.log import append_log
 from gpuhook.model import contract
 from gpuhook.oci.bundle import load_bundle, parse_state, read_stdin_state, state_id
@@ -97,7 +98,8 @@ def decide(state_text: bytes, config: Config, plan: Callable[[Config, Request], 
         from gpuhook.errors import InjectionError
 
         raise InjectionError("OCI state has no pid: run gpuhook-hook at the prestart or createRuntime stage")
-    return Decided(state.id, state.pid, bundle.rootfs, planned.edits, planned.summary(), notes, request.cdi_ignored)
+    return Decided(state.id, state.pid, bundle.rootfs, planned.edits, planned.summary(), notes, request.cdi_ignored,
+                   request.cdi_marker)
 
 
 def run(state_text: bytes, config: Config, before_inject: Callable[[Decided], int | None] | None = None,
@@ -122,9 +124,31 @@ def run(state_text: bytes, config: Config, before_inject: Callable[[Decided], in
     if decided.cdi_ignored:  # have an effect: the service decides, and its spare or a fork injects)
         from gpuhook.hook.cdiignored import note
 
-        recorded = note(config.state_dir, decided.state_id, decided.cdi_ignored)
-    return f"{decided.state_id} " + _inject(config, decided, before_inject is not None, via_fd) + decided.notes \
-        + recorded
+        recorded = note(config.state_dir, decided.state_id, decided.cdi_ignored, decided.cdi_marker)
+    try:
+        injected = _inject(config, decided, before_inject is not None, via_fd)
+    except Exception as exc:
+        from gpuhook.inject.mounts import HostFileGone
+
+        if not isinstance(exc, HostFileGone):
+            raise
+        # A driver file is gone since the plan (the driver changed under a cached or warm inventory). Nothing was
+        # touched yet (_inject takes every host file before the container), so plan once more from a fresh scan.
+        again = decide(state_text, config, _replan)
+        if isinstance(again, str):
+            return again
+        decided = again
+        injected = _inject(config, decided, before_inject is not None, via_fd) + " (planned again: a driver file " \
+            "was gone)"
+    return f"{decided.state_id} " + injected + decided.notes + recorded
+
+
+def _replan(config: Config, request: Request) -> Planned:
+    """plan_request on a fresh scan (cache.rescan), for a start whose plan named a host file that is gone."""
+    from gpuhook.discover.cache import rescan
+    from gpuhook.hook.plan import plan_request
+
+    return plan_request(config, request, rescan(config.roots(), config.inventory_cache))
 
 
 def _inject(config: Config, decided: Decided, disposable: bool, via_fd: int | None) -> str:
@@ -147,6 +171,23 @@ def _inject(config: Config, decided: Decided, disposable: bool, via_fd: int | No
     return f"inject {decided.summary} cgroup={grant.version}"
 
 
+def without_config(state_text: bytes, error: GpuhookError) -> str:
+    """The log summary of a container that starts although its config could not be read (it asks for no GPU);
+    raises `error` for one that asks for a GPU, or whose state cannot be read."""
+    from gpuhook.errors import render
+    from gpuhook.hook import unreadconfig
+
+    try:
+        state = parse_state(state_text)
+        bundle = load_bundle(state.bundle)
+        gpu = unreadconfig.asks_for_gpu(bundle, {**bundle.annotations, **state.annotations})
+    except GpuhookError:
+        raise error from None
+    if gpu:
+        raise error
+    return f"{state.id} skip" + unreadconfig.note(render(error))
+
+
 def config_path_for(argv: list[str], config_env: str | None) -> str | None:
     """The config file a hook command line names: --config, else GPUHOOK_CONFIG (Docker's --gpus runs the hook
     with dockerd's environment and no --config), else None (the default file). SystemExit for a bad argv."""
@@ -158,24 +199,33 @@ def handle(config_path: str | None, read_state: Callable[[], bytes], start: floa
            load: Callable[[str | None], Config] | None = None,
            before_inject: Callable[[Decided], int | None] | None = None,
            plan: Callable[[Config, Request], Planned] | None = None,
-           decided: Decided | None = None) -> tuple[int, str]:
+           decided: Decided | None = None, served: str = "in-process") -> tuple[int, str]:
     """One container start, as `main` and `gpuhook service` run it: (exit status, the one stderr line or "").
 
     Every failure (OSError and bugs included) is one escaped, bounded line (errors.render), the same text in the
     log line; `load` reads the config (the service passes its warm one); `before_inject`, `plan` and `decided`
     go to run (the service: fork or hand over there, its plan memo; its spare: the decision handed over). A
     BaseException that is no Exception (the service parent's word that a child took the start over) passes
-    through, with nothing logged."""
-    log_file = "/var/log/gpuhook.log"
+    through, with nothing logged. `served`: who ran it, the log line's last field (`by=service`, or
+    `by=in-process` with the native entry's reason for not asking the service: contract.SERVED_BY_ENV)."""
+    from gpuhook.hook.unreadconfig import fallback_log
+
+    log_file = fallback_log(config_path)  # until the config says: the host's default log for the default file only
     state_text = b""
     line = ""
     try:
-        state_text = read_state()
         if load is None:
             from gpuhook.hook.config import load_config as load
-        config = load(config_path)
-        log_file = config.log_file
-        summary, code = run(state_text, config, before_inject, plan, decided), 0
+        try:  # the config first, so that a state that cannot be read is logged where the config says
+            config, unread = load(config_path), None
+            log_file = config.log_file
+        except GpuhookError as exc:  # only a container that asks for a GPU fails with it (hook/unreadconfig)
+            config, unread = None, exc
+        state_text = read_state()
+        if config is None:
+            summary, code = without_config(state_text, unread), 0
+        else:
+            summary, code = run(state_text, config, before_inject, plan, decided), 0
     except Exception as exc:  # noqa: BLE001 - a bug still fails the start with one line, never a traceback
         from gpuhook.errors import render
 
@@ -183,7 +233,7 @@ def handle(config_path: str | None, read_state: Callable[[], bytes], start: floa
         summary, code = f"{state_id(state_text)} error: {what}", 1
         line = f"gpuhook-hook: {what}"
     elapsed = (time.monotonic() - start) * 1000
-    append_log(log_file, f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {summary} took={elapsed:.1f}ms")
+    append_log(log_file, f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {summary} took={elapsed:.1f}ms by={served}")
     return code, line
 
 
@@ -193,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     from gpuhook.hook.config import CONFIG_ENV
 
     config_path = config_path_for(sys.argv[1:] if argv is None else list(argv), os.environ.get(CONFIG_ENV))
-    code, line = handle(config_path, read_stdin_state, start)
+    code, line = handle(config_path, read_stdin_state, start, served=os.environ.get(contract.SERVED_BY_ENV)
+                        or "in-process")
     if line:
         print(line, file=sys.stderr)
     return code

@@ -29,6 +29,11 @@ _REMOUNT_CLEARS = (_native.MOUNT_ATTR_RDONLY | _native.MOUNT_ATTR_NOSUID | _nati
 _setattr = {"missing": False}  # the kernel lacks mount_setattr (before 5.12): learnt once, remount from then on
 
 
+class HostFileGone(InjectionError):
+    """A host file the plan names is gone (ENOENT): the driver changed since the inventory was taken. Raised
+    before anything in the container is touched (the sources are taken first), so the start can plan again."""
+
+
 def clone_source(host_path: str) -> int:
     """A detached copy of the mount of `host_path` (submounts too for a directory), taken in the host's
     namespace before joining the container's."""
@@ -47,7 +52,8 @@ def clone_sources(host_paths: list[str]) -> list[int]:
         return _native.open_trees(host_paths, _native.OPEN_TREE_CLONE | _native.OPEN_TREE_CLOEXEC
                                   | _native.AT_RECURSIVE)
     except OSError as exc:
-        raise InjectionError(f"cannot open host file {exc.filename}: {exc.strerror}") from None
+        kind = HostFileGone if exc.errno == errno.ENOENT else InjectionError
+        raise kind(f"cannot open host file {exc.filename}: {exc.strerror}") from None
 
 
 def _remount_flags(options: tuple[str, ...]) -> int:

@@ -19,6 +19,23 @@ DEFAULT_CAPABILITIES: tuple[str, ...] = ("utility", "compute")
 LIB_DIR = "/usr/lib/x86_64-linux-gnu"
 LIB32_DIR = "/usr/lib/i386-linux-gnu"
 FIRMWARE_DIR = "/lib/firmware/nvidia"
+# Where discovery looks for the driver's libraries besides the ld cache's folders; the inventory's fingerprint
+# stamps them (and the ld cache), so a library added, removed, replaced or relinked there invalidates a plan.
+LIB64_SCAN_DIRS: tuple[str, ...] = (
+    LIB_DIR,
+    "/usr/lib64",
+    "/lib64",
+    "/usr/lib",
+    "/lib/x86_64-linux-gnu",
+    f"{LIB_DIR}/nvidia/current",
+)
+LIB32_SCAN_DIRS: tuple[str, ...] = (
+    LIB32_DIR,
+    "/usr/lib32",
+    "/lib32",
+    f"{LIB32_DIR}/nvidia/current",
+)
+LD_CACHE = "/etc/ld.so.cache"
 
 
 class LibrarySpec(Record):

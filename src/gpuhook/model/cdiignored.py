@@ -25,6 +25,36 @@ class CdiIgnored(Record):
     time: str = ""  # when the hook or shim saw it (UTC, ISO 8601)
 
 
+SEAL = ";"  # the marker is "<CDI names>;<MAC>": the names, then what proves this node's plugin wrote them
+MAC_HEX = 32
+
+
+def _mac(key: bytes, names: str) -> str:
+    import hashlib
+    import hmac
+
+    return hmac.new(key, names.encode(), hashlib.sha256).hexdigest()[:MAC_HEX]
+
+
+def seal(key: bytes, names: str) -> str:
+    """The marker's value for `names`: sealed with the node's key (contract.PLUGIN_KEY), or the names alone
+    without one (no state directory: no record can be written anyway)."""
+    return f"{names}{SEAL}{_mac(key, names)}" if key else names
+
+
+def names_of(marker: str) -> str:
+    """The CDI names of a marker, sealed or not."""
+    return marker.partition(SEAL)[0]
+
+
+def sealed_by(key: bytes, marker: str) -> bool:
+    """Whether `marker` carries the MAC `key` makes for its names (constant time)."""
+    import hmac
+
+    names, _, mac = marker.partition(SEAL)
+    return bool(key) and len(mac) == MAC_HEX and hmac.compare_digest(mac, _mac(key, names))
+
+
 def render(container_id: str, devices: tuple[str, ...], when: str) -> bytes:
     """The record's bytes: every value one escaped, clipped line."""
     lines = {"container": clip(container_id, ID_LIMIT, quote=False) or "?",

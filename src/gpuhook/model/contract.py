@@ -14,6 +14,10 @@ LEGACY_CUDA_VERSION = "CUDA_VERSION"  # set by CUDA images older than NVIDIA_VIS
 VOLUME_MOUNT_DIR = "/var/run/nvidia-container-devices"  # a /dev/null mount at <dir>/<id> requests <id>
 CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
 CDI_KIND = "nvidia.com/gpu"
+# The device plugin's CDI devices, a kind of their own (NVIDIA's plugin's: k8s-device-plugin v0.20.0,
+# cmd/nvidia-device-plugin/plugin-manager.go, cdi.WithVendor; class "gpu"), never the host spec's CDI_KIND.
+PLUGIN_CDI_VENDOR = "k8s.device-plugin.nvidia.com"
+PLUGIN_CDI_KIND = PLUGIN_CDI_VENDOR + "/gpu"
 # Datacenter devices, honoured only in a GPU container (NVIDIA's hook and its feature-gated modifier likewise skip
 # a container that asks for no GPU), so has_gpu_signal needs no clause for them.
 IMEX_CHANNELS = "NVIDIA_IMEX_CHANNELS"  # comma list of channel ids, channel<N>, or all
@@ -35,13 +39,19 @@ GATED_DEVICE_ENV: dict[str, str] = {
 CDI_DEVICES_MARKER = "GPUHOOK_CDI_DEVICES"
 # The PATH gpuhook's hooks are given (CDI specs, oci-hooks.d, runc's base spec) and where doctor looks for the
 # program `docker run --gpus` runs: systemd's default, which dockerd and containerd start with.
+PACKAGED_HOOK_PATH = "/usr/bin/gpuhook-hook"  # the Debian package's hook entry (packaging/build.py)
 HOOK_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
 LD_CONF_FILE = "/etc/ld.so.conf.d/00-gpuhook.conf"  # in a container: its injected ld folders (inject/ldcache.py)
-SERVICE_SOCKET = "/run/gpuhook/service.sock"  # `gpuhook service`: the config's service-socket default (entry.c's too)
-SERVICE_SOCKET_ENV = "GPUHOOK_SERVICE_SOCKET"  # names another socket to a client (the native entry, the CLI)
+SERVICE_SOCKET = "/run/gpuhook/service.sock"  # `gpuhook service` and every client (entry.c's DEFAULT_SOCKET too)
+SERVICE_SOCKET_ENV = "GPUHOOK_SERVICE_SOCKET"  # names another socket, to the service and its clients alike
+SERVED_BY_ENV = "GPUHOOK_SERVED_BY"  # set by the native entry for its Python fallback: why it ran in-process
 STATE_DIR = "/run/gpuhook/records"  # node-local, root's: the hook config's state-dir, the plugin's --hook-state-dir
 # (a folder of its own: the DaemonSet mounts it into the plugin, never the service socket or inventory beside it)
 CDI_IGNORED_RECORD = "cdi-ignored"
+# In the state directory, root's alone: the node's secret the device plugin seals its CDI marker with (a MAC over
+# the CDI names), so that a record is written only for a marker this node's plugin made, never for one an image
+# sets in its own environment (model/cdiignored.seal).
+PLUGIN_KEY = "plugin.key"
 
 
 def has_gpu_signal(env: list[str], mounts: list[dict[str, object]], annotations: dict[str, str],

@@ -26,7 +26,7 @@ MIG_CAP_NODES = 2  # the GPU instance's and the compute instance's access capabi
 DRI_BY_PATH = "/dev/dri/by-path"
 # IPC sockets and the MPS pipe directory: read-only too, beyond NVIDIA (which mounts them writable). A read-only
 # mount stops nothing a client does - connect() to a socket, opening a FIFO for writing - but stops a container
-# from removing, replacing or adding entries in the host's directory (README, security model).
+# from removing, replacing or adding entries in the host's directory (docs/security.md).
 SOCKET_OPTIONS: tuple[str, ...] = ("ro", "nosuid", "nodev", "noexec", "rbind", "rprivate")
 # Everything, including the driver-version libraries the catalogue cannot classify.
 ALL_CAPABILITIES = frozenset(catalogue.CAPABILITIES) | {catalogue.UNCLASSIFIED}

@@ -58,6 +58,7 @@ class Request(Record):
     gated: tuple[str, ...] = ()  # contract.GATED_DEVICE_ENV names whose variable is `enabled`
     foreign_cdi: tuple[str, ...] = ()  # CDI names of other kinds in the annotations: the runtime's to inject
     cdi_ignored: tuple[str, ...] = ()  # CDI names Allocate gave that the runtime did not apply (cdi_ignored())
+    cdi_marker: str = ""  # with them, the marker as Allocate sealed it (model/cdiignored.sealed_by checks it)
 
     @property
     def wants_gpu_setup(self) -> bool:
@@ -344,7 +345,9 @@ def cdi_ignored(env: Mapping[str, str]) -> tuple[str, ...]:
     marker = env.get(CDI_DEVICES_MARKER)
     if not marker or parse_visible_devices(env.get(VISIBLE_DEVICES))[0] in ("unset", "void"):
         return ()
-    return tuple(split_ids(CDI_DEVICES_MARKER, marker))
+    from gpuhook.model.cdiignored import names_of
+
+    return tuple(split_ids(CDI_DEVICES_MARKER, names_of(marker)))
 
 
 def _ids_request(ids: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
@@ -388,8 +391,10 @@ def parse_request(
     if foreign:
         notes.append(f"CDI devices of other kinds left to the runtime: {clip(','.join(foreign), quote=False)}")
     ignored = cdi_ignored(env)
+    marker = env.get(CDI_DEVICES_MARKER, "") if ignored else ""
     if kind in ("unset", "void"):
-        return Request(kind=kind, source=source, notes=tuple(notes), foreign_cdi=foreign, cdi_ignored=ignored)
+        return Request(kind=kind, source=source, notes=tuple(notes), foreign_cdi=foreign, cdi_ignored=ignored,
+                       cdi_marker=marker)
     caps = request_capabilities(env, legacy, policy.supported_capabilities)
     reqs = checked_requirements(env, policy)
     mig_flags = []
@@ -408,7 +413,7 @@ def parse_request(
         notes.append(f"{names} ignored: unprivileged container and accept-envvar-unprivileged is false")
         gated = ()
     return Request(kind, ids, caps, reqs, mig_flags[0], mig_flags[1], source, tuple(notes), imex, gated, foreign,
-                   ignored)
+                   ignored, marker)
 
 
 def imex_channel_id(text: str, origin: str) -> str:

@@ -19,6 +19,7 @@ and request.requirements bounds the sizes before anything here runs.
 from __future__ import annotations
 
 from gpuhook.errors import RequestError, RequirementError, clip
+from gpuhook.model.contract import DISABLE_REQUIRE
 from gpuhook.model.inventory import Gpu, Inventory, MigDevice
 from gpuhook.model.record import Record
 
@@ -221,4 +222,17 @@ def check(inv: Inventory, constraints: tuple[str, ...], devices: tuple[Gpu | Mig
 def unsatisfied_message(outcome: Outcome) -> str:
     where = f" on GPU {outcome.gpu}" if outcome.gpu is not None else ""
     last = f"; last unmet: {clip(str(outcome.unmet), quote=False)}" if outcome.unmet else ""
-    return f"unsatisfied requirement {clip(outcome.constraint)}: no term holds with {outcome.host()}{where}{last}"
+    return (f"unsatisfied requirement {clip(outcome.constraint)}: no term holds with {outcome.host()}{where}{last}; "
+            f"{way_out(outcome)}")
+
+
+def way_out(outcome: Outcome) -> str:
+    """What the user can do about an unmet requirement: the driver it asks for, or starting without the check."""
+    unmet = outcome.unmet
+    if unmet is not None and unmet.key in ("cuda", "driver") and unmet.op in (">", ">=", "="):
+        need = "a newer NVIDIA driver (one with CUDA " if unmet.key == "cuda" else "NVIDIA driver "
+        need += clip(f"{unmet.op}{unmet.value}", 64, quote=False) + (")" if unmet.key == "cuda" else "")
+        where = f"install {need}"
+    else:
+        where = "run it on a host whose GPU and driver meet it"
+    return f"{where}, or set {DISABLE_REQUIRE}=true to start it without the check"

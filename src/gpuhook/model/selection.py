@@ -24,6 +24,25 @@ def all_devices(inv: Inventory) -> list[Device]:
     return out
 
 
+MAX_NAMES_SHOWN = 32  # a refusal's list of the host's device ids stays one readable line
+
+
+def device_names(inv: Inventory) -> list[str]:
+    """The ids a container may ask for on this host, as `all` orders its devices: each GPU's index (a MIG
+    device's gpu:mig name) and UUID, then `all` and `none`."""
+    out: list[str] = []
+    for d in all_devices(inv):
+        out += [d.name if isinstance(d, MigDevice) else str(d.index)] + ([d.uuid] if d.uuid else [])
+    return out + ["all", "none"]
+
+
+def names_line(inv: Inventory) -> str:
+    """device_names as one comma list, at most MAX_NAMES_SHOWN of them."""
+    names = device_names(inv)
+    more = len(names) - MAX_NAMES_SHOWN
+    return ", ".join(names[:MAX_NAMES_SHOWN]) + (f", … ({more} more: gpuhook info)" if more > 0 else "")
+
+
 def _small_int(text: str) -> int | None:
     """An index as written in NVIDIA_VISIBLE_DEVICES: ASCII digits only ('²'.isdigit() is true), bounded."""
     return int(text) if text.isascii() and text.isdigit() and len(text) <= 9 else None
@@ -102,7 +121,8 @@ def resolve(inv: Inventory, request: Request) -> Selection:
             else:
                 found = find_device(inv, ident)
                 if found is None:
-                    raise RequestError(f"unknown device {clip(ident)} requested ({request.source})")
+                    raise RequestError(f"unknown device {clip(ident)} requested ({request.source}); "
+                                       f"this host has: {names_line(inv)}")
                 found_all = [found]
             for dev in found_all:
                 if _key(dev) not in seen:

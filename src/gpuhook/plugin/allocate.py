@@ -9,13 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from gpuhook.model.cdiignored import seal
 from gpuhook.model.contract import CDI_DEVICES_MARKER, VISIBLE_DEVICES, VOLUME_MOUNT_DIR
 from gpuhook.model.record import Record
 from gpuhook.plugin import api_pb2 as pb
-from gpuhook.plugin.devices import REPLICA_SEP, Options, PluginDevice, annotation_key
+from gpuhook.plugin.devices import CDI_STRATEGIES, REPLICA_SEP, Options, PluginDevice, annotation_key
 from gpuhook.plugin.devicespecs import DeviceSpecs
-
-CDI_STRATEGIES = ("cdi-cri", "cdi-annotations")
 
 
 class AllocationError(ValueError):
@@ -57,7 +56,7 @@ def resolve(ids: Sequence[str], by_id: Mapping[str, PluginDevice], unhealthy: Ma
 
 
 def container_response(devices: Sequence[PluginDevice], options: Options,
-                       specs: DeviceSpecs | None = None) -> pb.ContainerAllocateResponse:
+                       specs: DeviceSpecs | None = None, key: bytes = b"") -> pb.ContainerAllocateResponse:
     """One container's answer. As NVIDIA's getAllocateResponse (plus gpuhook's CDI_DEVICES_MARKER beside CDI
     names and NVIDIA_VISIBLE_DEVICES): the gated variables always, DeviceSpecs
     (`specs`, built only with passDeviceSpecs) only with a non-CDI strategy in the list (with CDI the spec gives
@@ -81,20 +80,21 @@ def container_response(devices: Sequence[PluginDevice], options: Options,
     if resp.cdi_devices and VISIBLE_DEVICES in resp.envs:
         # Both ways at once: the marker lets gpuhook's hook or shim tell that the runtime ignored the CDI names
         # (the variable is still not void) and leave the record the plugin reports (plugin/cdiignored.py).
-        resp.envs[CDI_DEVICES_MARKER] = ",".join(c.name for c in resp.cdi_devices)
+        # Sealed with the node's key (model/cdiignored.seal), so that an image setting it leaves no record.
+        resp.envs[CDI_DEVICES_MARKER] = seal(key, ",".join(c.name for c in resp.cdi_devices))
     if specs is not None and any(s not in CDI_STRATEGIES for s in strategies):
         resp.devices.extend(specs.for_devices(devices))
     return resp
 
 
 def allocate(request: pb.AllocateRequest, by_id: Mapping[str, PluginDevice],
-             unhealthy: Mapping[tuple[int, int], str], options: Options, specs: DeviceSpecs | None = None
-             ) -> tuple[pb.AllocateResponse, list[list[PluginDevice]]]:
+             unhealthy: Mapping[tuple[int, int], str], options: Options, specs: DeviceSpecs | None = None,
+             key: bytes = b"") -> tuple[pb.AllocateResponse, list[list[PluginDevice]]]:
     """The whole AllocateResponse and each container's devices (for the log); raises AllocationError naming
     every bad id of the first bad container."""
     out = pb.AllocateResponse()
     chosen = [resolve(creq.devices_ids, by_id, unhealthy, options.fail_requests_greater_than_one)
               for creq in request.container_requests]
     for devices in chosen:
-        out.container_responses.append(container_response(devices, options, specs))
+        out.container_responses.append(container_response(devices, options, specs, key))
     return out, chosen

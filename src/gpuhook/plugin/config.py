@@ -7,7 +7,7 @@ schema cannot say is checked here as NVIDIA's UnmarshalJSON methods do: `version
 `replicas >= 2`, `devices` as `all`, a count or a list of indices/UUIDs, the enums. Then v0.20's
 DisableResourceNamingInConfig is applied with its warnings: `resources` is ignored, a `rename` other than the
 default `<name>.shared` and a `devices` other than `all` are reset. Keys gpuhook cannot honour (MPS, IMEX
-channels, a separate device root, CDI annotation prefixes, the packed policy) are an error when set, never a
+channels, CDI annotation prefixes, the packed policy) are an error when set, never a
 silent difference; GFD's own section (`flags.gfd`) is checked and ignored, as NVIDIA's plugin ignores it.
 """
 
@@ -21,7 +21,7 @@ from typing import Any
 
 from gpuhook.errors import ConfigError, clip
 from gpuhook.model.contract import CDI_ANNOTATION_PREFIX
-from gpuhook.model.record import Record
+from gpuhook.model.record import Record, replace
 from gpuhook.plugin.devices import (
     ID_STRATEGIES,
     LIST_STRATEGIES,
@@ -57,6 +57,7 @@ class FileConfig(Record):
     mig_strategy: str | None = None
     fail_on_init_error: bool | None = None
     host_driver_root: str | None = None  # NVIDIA's nvidiaDriverRoot: the driver root as the runtime sees it
+    host_dev_root: str | None = None  # NVIDIA's nvidiaDevRoot: the /dev root as the runtime sees it
     driver_root: str | None = None  # NVIDIA's plugin.containerDriverRoot: where this process reads it
     discovery: str | None = None
     pass_device_specs: bool | None = None
@@ -97,10 +98,11 @@ def parse(text: str | bytes, source: str = "config file") -> FileConfig:
     if data is None:
         data = {}  # an empty file: every default (as NVIDIA)
     try:
-        _check_structure(data)
-        return _interpret(data)
+        lenient = _check_structure(data)
+        read = _interpret(data)
     except _Bad as bad:
         raise ConfigError(f"{clip(source, quote=False)}: {bad.where}: {bad.problem}") from None
+    return replace(read, warnings=(*lenient, *read.warnings)) if lenient else read
 
 
 class _Bad(Exception):
@@ -121,24 +123,38 @@ def _path(parts: Any) -> str:
     return out
 
 
-def _check_structure(data: Any) -> None:
-    """The schema's verdict, as one line: unknown keys named, else the first type error with its key path."""
+# Sections whose unknown keys are a warning, not an error: NVIDIA's plugin ignores them, and a newer chart (or
+# NVIDIA's config-manager) may set keys of a later plugin release there. Anywhere else an unknown key is a typo.
+LENIENT_SECTIONS = ("flags.plugin",)
+
+
+def _check_structure(data: Any) -> list[str]:
+    """The schema's verdict, as one line: unknown keys named, else the first type error with its key path. Unknown
+    keys of a LENIENT_SECTIONS section are returned as warnings (the file is read without them)."""
     import jsonschema
 
     validator = jsonschema.Draft202012Validator(_schema())
     errors = sorted(validator.iter_errors(data), key=lambda e: (list(e.absolute_path), e.validator != "required"))
+    warnings = []
     for err in errors:
         where = _path(err.absolute_path)
         if err.validator == "additionalProperties" and isinstance(err.instance, dict):
             known = set(err.schema.get("properties", {}))
             unknown = sorted(str(k) for k in err.instance if k not in known)
             names = ", ".join(clip(f"{where}.{k}" if where else k, quote=False) for k in unknown)
+            if where in LENIENT_SECTIONS:
+                warnings.append(f"unknown key{'s' if len(unknown) > 1 else ''} {names} ignored (not in NVIDIA's "
+                                "v1 schema; NVIDIA's plugin ignores it too)")
+                continue
             raise _Bad(where, f"unknown key{'s' if len(unknown) > 1 else ''} {names} (not in NVIDIA's v1 schema)")
+    errors = [e for e in errors if not (e.validator == "additionalProperties" and _path(e.absolute_path)
+                                        in LENIENT_SECTIONS)]
     if errors:
         err = errors[0]
         if err.validator == "required":
             raise _Bad(_path(err.absolute_path), clip(err.message, quote=False))
         raise _Bad(_path(err.absolute_path), f"{clip(err.instance)} is not {_expected(err)}")
+    return warnings
 
 
 def _expected(err: Any) -> str:
@@ -262,10 +278,8 @@ def _flags(flags: Mapping[str, Any], out: dict[str, Any], warnings: list[str]) -
         out["fail_on_init_error"] = flags["failOnInitError"]
     if flags.get("nvidiaDriverRoot"):
         out["host_driver_root"] = flags["nvidiaDriverRoot"]
-    dev_root = flags.get("nvidiaDevRoot")
-    if dev_root and dev_root != flags.get("nvidiaDriverRoot", "/"):
-        _unsupported("flags.nvidiaDevRoot", dev_root, "a device root apart from the driver root is not "
-                     "supported by gpuhook (device nodes are found under the driver root)")
+    if flags.get("nvidiaDevRoot"):
+        out["host_dev_root"] = flags["nvidiaDevRoot"]
     if flags.get("mpsRoot"):
         _unsupported("flags.mpsRoot", flags["mpsRoot"], "MPS is not supported by gpuhook's device plugin")
     out["gated_env"] = tuple(env for key, env in GATED_ENV.items() if flags.get(key))

@@ -12,11 +12,17 @@ from collections.abc import Iterable, Sequence
 
 from gpuhook.errors import ConfigError
 from gpuhook.model.contract import CDI_ANNOTATION_PREFIX as ANNOTATION_PREFIX
-from gpuhook.model.contract import CDI_KIND
+from gpuhook.model.contract import PLUGIN_CDI_KIND
 from gpuhook.model.edits import device_edits
 from gpuhook.model.inventory import Gpu, Inventory, MigDevice
 from gpuhook.model.record import Record
 
+# The plugin's CDI devices are a kind of their own (contract.PLUGIN_CDI_KIND, NVIDIA's plugin's), never the host
+# spec's nvidia.com/gpu: a node may carry `gpuhook generate-cdi`'s or nvidia-ctk's nvidia.com/gpu spec too, and
+# one name defined by two specs resolves to nothing.
+CDI_VENDOR, CDI_CLASS = PLUGIN_CDI_KIND.split("/")
+CDI_KIND = PLUGIN_CDI_KIND
+CDI_STRATEGIES = ("cdi-cri", "cdi-annotations")  # the list strategies that name CDI devices (NVIDIA: "cdi-*")
 ID_STRATEGIES = ("uuid", "index")
 MIG_STRATEGIES = ("none", "single", "mixed")
 LIST_STRATEGIES = ("cdi-cri", "envvar", "volume-mounts", "cdi-annotations")

@@ -26,8 +26,8 @@ CONTROL = (catalogue.CTL_NODE, *catalogue.UVM_NODES, catalogue.MODESET_NODE)
 class DeviceSpecs:
     """Per underlying device its own nodes, plus the control nodes every allocation carries."""
 
-    def __init__(self, inv: Inventory, devices: Sequence[PluginDevice], host_driver_root: str | None) -> None:
-        self._inside, self._outside = inv.driver_root, host_driver_root
+    def __init__(self, inv: Inventory, devices: Sequence[PluginDevice], host_dev_root: str | None) -> None:
+        self._inside, self._outside = inv.dev_root, host_dev_root
         self.common = tuple(self._spec(inv.control_nodes[n]) for n in CONTROL if n in inv.control_nodes)
         self.by_key: dict[Key, tuple[pb.DeviceSpec, ...]] = {}
         for d in devices:

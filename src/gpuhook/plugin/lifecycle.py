@@ -26,7 +26,7 @@ from gpuhook.model.inventory import Inventory
 from gpuhook.model.record import Record, field
 from gpuhook.plugin import cdispec, topology
 from gpuhook.plugin.cdiignored import CdiIgnoredWatch
-from gpuhook.plugin.devices import Options, Resource, plan
+from gpuhook.plugin.devices import CDI_STRATEGIES, Options, Resource, plan
 from gpuhook.plugin.devicespecs import DeviceSpecs
 from gpuhook.plugin.featurefile import FeatureFile
 from gpuhook.plugin.health import HealthConfig, HealthMonitor
@@ -47,7 +47,8 @@ class PluginConfig(Record):
     kubelet_dir: str = DEFAULT_KUBELET_DIR
     cdi_spec_dir: str | None = "/var/run/cdi"  # None: write no spec (the names must resolve some other way)
     hook_path: str = "/usr/local/bin/gpuhook"
-    host_driver_root: str | None = None
+    host_driver_root: str | None = None  # the driver root as the runtime sees it (None: where it is read)
+    host_dev_root: str | None = None  # the /dev root as the runtime sees it (None: where nodes are read)
     health: HealthConfig = field(default_factory=HealthConfig)
     sys_root: str = "/sys"
     nvml_library: str | None = None  # None: the driver root's libnvidia-ml.so.1
@@ -135,9 +136,10 @@ class Plugin:
                 raise ConfigError(why)
             self._idle(why)
             return
-        if self.config.cdi_spec_dir is not None:
+        cdi_named = any(s in CDI_STRATEGIES for s in self.config.options.list_strategies)
+        if self.config.cdi_spec_dir is not None and cdi_named:  # as NVIDIA's: a spec only when Allocate names one
             self.spec_path = cdispec.write(inv, resources, self.config.cdi_spec_dir, self.config.hook_path,
-                                           self.config.host_driver_root)
+                                           self.config.host_driver_root, self.config.host_dev_root)
             log.info("wrote CDI spec %s", self.spec_path)
         self.inventory, self.resources = inv, resources
         self.driver_version = self._read_driver_version()
@@ -152,9 +154,10 @@ class Plugin:
         self.monitor.start()
         for resource in resources:
             table = topology.build(inv, resource.devices, self.config.sys_root)
-            specs = (DeviceSpecs(inv, resource.devices, self.config.host_driver_root)
+            specs = (DeviceSpecs(inv, resource.devices, self.config.host_dev_root)
                      if self.config.options.pass_device_specs else None)
-            service = DevicePluginService(resource, self.board, table, self.config.options, inv, specs)
+            service = DevicePluginService(resource, self.board, table, self.config.options, inv, specs,
+                                          self._marker_key())
             endpoint = Endpoint(service, os.path.join(self.config.kubelet_dir, resource.socket_name))
             endpoint.start()
             registrar = Registrar(self.kubelet_socket, resource.socket_name, resource.name)
@@ -200,6 +203,16 @@ class Plugin:
         signal.signal(signal.SIGTERM, on_stop)
         signal.signal(signal.SIGINT, on_stop)
         signal.signal(signal.SIGHUP, on_hup)
+
+    def _marker_key(self) -> bytes:
+        """The node's key Allocate seals its CDI marker with, made in the hooks' state directory when missing
+        (b"" without one: an unsealed marker, which no hook records)."""
+        if not self.config.hook_state_dir:
+            return b""
+        from gpuhook.fileio.secret import ensure_secret
+        from gpuhook.model.contract import PLUGIN_KEY
+
+        return ensure_secret(os.path.join(self.config.hook_state_dir, PLUGIN_KEY))
 
     def run(self) -> None:
         """Watch until stopped, then shut down. Returns normally (exit 0) after SIGTERM/SIGINT."""

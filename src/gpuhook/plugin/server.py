@@ -40,8 +40,10 @@ def _ms(start: float) -> float:
 
 class DevicePluginService(pb_grpc.DevicePluginServicer):
     def __init__(self, resource: Resource, board: HealthBoard, table: dict[str, Place],
-                 options: Options, inventory: Inventory | None = None, specs: DeviceSpecs | None = None) -> None:
+                 options: Options, inventory: Inventory | None = None, specs: DeviceSpecs | None = None,
+                 marker_key: bytes = b"") -> None:
         self.resource = resource
+        self.marker_key = marker_key  # seals Allocate's CDI marker (model/cdiignored.seal)
         self.board = board
         self.table = table
         self.options = options
@@ -105,7 +107,8 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         start = time.monotonic()
         ids = "; ".join(f"[{','.join(c.devices_ids)}]" for c in request.container_requests)
         try:
-            response, chosen = allocate(request, self.by_id, self.board.unhealthy, self.options, self.specs)
+            response, chosen = allocate(request, self.by_id, self.board.unhealthy, self.options, self.specs,
+                                        self.marker_key)
         except AllocationError as exc:
             log.warning("Allocate %s: ids %s refused in %.1f ms: %s", self.resource.name, ids, _ms(start), exc)
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{self.resource.name}: {exc}")
@@ -147,13 +150,20 @@ class Endpoint:
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=self.workers,
                                                         thread_name_prefix="gpuhook-grpc"),
                              options=[("grpc.so_reuseport", 0)])
-        pb_grpc.add_DevicePluginServicer_to_server(self.service, server)
+        self.add_services(server)
         if server.add_insecure_port(f"unix://{self.path}") == 0:
             raise OSError(f"cannot listen on {self.path}")
         server.start()
         self.server = server
         self.identity = _socket_identity(self.path)
-        log.info("serving %s on %s", self.service.resource.name, self.path)
+        log.info("serving %s on %s", self.label(), self.path)
+
+    def add_services(self, server: grpc.Server) -> None:
+        """What the socket serves (the DRA driver's endpoints serve other services the same way)."""
+        pb_grpc.add_DevicePluginServicer_to_server(self.service, server)
+
+    def label(self) -> str:
+        return self.service.resource.name
 
     def _remove_stale_socket(self) -> None:
         """A socket left by an earlier run would make bind fail; anything else at the path (a file, FIFO,

@@ -108,14 +108,19 @@ def unified_diff(change: FileChange) -> str:
 
 
 def apply(change: FileChange) -> str | None:
-    """Back up the old content, then replace the file atomically; returns the backup path (None: new file)."""
+    """Back up the old content, then replace the file atomically; returns the backup path (None: new file).
+
+    A backup already there is kept: it holds the file as it was before gpuhook first changed it, which is what
+    `runtime unconfigure` puts back (a second configure, say of another mode, must not replace it with gpuhook's
+    own first edit)."""
     if change.old is None:
         write_atomic(change.path, change.new.encode(), NEW_FILE_MODE)
         return None
     st = os.stat(change.path)
     mode = st.st_mode & 0o7777
-    write_atomic(change.backup, change.old.encode(), mode)
-    _keep_owner(change.backup, st)
+    if not os.path.lexists(change.backup):
+        write_atomic(change.backup, change.old.encode(), mode)
+        _keep_owner(change.backup, st)
     write_atomic(change.path, change.new.encode(), mode)
     _keep_owner(change.path, st)
     return change.backup

@@ -12,7 +12,7 @@ import shutil
 import sys
 from typing import Any
 
-from gpuhook.model.contract import HOOK_PATH
+from gpuhook.model.contract import HOOK_PATH, PACKAGED_HOOK_PATH
 
 DEFAULT_HOOK_PATH = "/usr/local/bin/gpuhook-hook"
 HOOK_NAME = "gpuhook-hook"
@@ -44,6 +44,14 @@ def hooks_d_config(path: str, config: str | None = None) -> dict[str, Any]:
 def render_json(data: Any) -> str:
     """JSON as gpuhook writes it: 2-space indent, key order kept, non-ASCII kept, final newline."""
     return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+
+
+def default_hook_path() -> str:
+    """The hook `runtime configure` registers without --hook-path: where `gpuhook hook install` writes it, else
+    the Debian package's entry when that is what this host has."""
+    if not os.path.isfile(DEFAULT_HOOK_PATH) and os.path.isfile(PACKAGED_HOOK_PATH):
+        return PACKAGED_HOOK_PATH
+    return DEFAULT_HOOK_PATH
 
 
 def installed_hook_path() -> str:

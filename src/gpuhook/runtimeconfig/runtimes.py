@@ -123,7 +123,7 @@ def under(root: str, path: str) -> str:
 def _hook_path(opts: Options, result: Plan) -> str:
     """The hook to register: --hook-path, else where `gpuhook hook install` writes its lean entry script; a
     missing file is worth a loud note because podman and CRI-O silently skip a hook whose path does not exist."""
-    path = opts.hook_path or hookspec.DEFAULT_HOOK_PATH
+    path = opts.hook_path or hookspec.default_hook_path()
     if not os.path.isfile(under(opts.root, path)):
         result.notes.append(f"{path} does not exist (yet); runtimes skip or fail a hook whose program is missing")
     return path

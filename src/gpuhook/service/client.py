@@ -6,7 +6,8 @@ Lean on purpose: it runs before anything else of the console script, so it loads
 (`_json`, `_struct`), never `socket`, `json`, `re` or `enum` (about 20 ms of imports, more than the round trip).
 What the service does is what the in-process command does (service/server.py hands it to the command's own
 function); the service declines (protocol.DECLINED) whatever it cannot run exactly so: a client in another mount
-namespace or with another interpreter, a command line only click can word, a --watch.
+namespace or with another interpreter, a command line only click can word, a --watch. A service that does not
+say TAKING in time (protocol.py; stopped, stuck, flooded) is left: the command runs here, never twice.
 """
 
 from __future__ import annotations
@@ -18,8 +19,7 @@ from gpuhook.errors import GpuhookError
 from gpuhook.model.contract import SERVICE_SOCKET, SERVICE_SOCKET_ENV
 from gpuhook.service import protocol
 
-CONNECT_TIMEOUT_S = 1.0  # a full backlog: give up and run in-process
-ANSWER_TIMEOUT_S = 60.0  # a served command may discover (NVML, ELF reads) when the inventory changed
+ANSWER_TIMEOUT_S = 60.0  # once taken, a served command may discover (NVML, ELF reads) when the inventory changed
 
 
 class ServiceFailed(GpuhookError):
@@ -37,18 +37,25 @@ def ask(argv: list[str]) -> tuple[int, str, bytes] | None:
         cwd = os.getcwd()
     except OSError:
         return None
+    wait = protocol.taking_wait_s(os.environ)
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
-        sock.settimeout(CONNECT_TIMEOUT_S)
+        sock.settimeout(wait)  # a full backlog, a stopped or stuck service: the command runs here
         try:
             sock.connect(path)
-        except OSError:
-            return None
-        sock.settimeout(ANSWER_TIMEOUT_S)
-        try:
             sock.sendall(protocol.encode_request(argv, b"", cwd=cwd, exe=sys.executable,
                                                  env=protocol.served_env(os.environ)))
-            code, err, out = protocol.recv_answer(sock, with_output=True)
+            first = _first_frame(sock)
+        except OSError:
+            return None
+        if first is None:
+            return None
+        try:
+            sock.settimeout(ANSWER_TIMEOUT_S)
+            if first == protocol.encode_taking():
+                sock.sendall(protocol.GO)  # from here on the service owns the command: never run again here
+                first = b""
+            code, err, out = protocol.recv_answer(sock, with_output=True, prefix=first)
         except (OSError, protocol.ProtocolError) as exc:
             from gpuhook.errors import render
 
@@ -56,6 +63,18 @@ def ask(argv: list[str]) -> tuple[int, str, bytes] | None:
     finally:
         sock.close()
     return None if code == protocol.DECLINED else (code, err, out)
+
+
+def _first_frame(sock: object) -> bytes | None:
+    """The first 8 bytes of the service's answer (TAKING, or an answer's start) within the socket's timeout;
+    None when they do not come whole (the service closed, or kept silent): nothing was done for the request."""
+    first = b""
+    while len(first) < 8:
+        chunk = sock.recv(8 - len(first))  # type: ignore[attr-defined]
+        if not chunk:
+            return None
+        first += chunk
+    return first
 
 
 def forward(argv: list[str]) -> int | None:

@@ -1,20 +1,26 @@
 """The service's socket and its single-threaded accept loop.
 
-Safety rules (README "The hook service"):
-- the socket is 0600 in a 0700 directory owned by root, or handed over by systemd (LISTEN_FDS, fd 3);
-- every connection's peer is checked with SO_PEERCRED: uid 0 only, anyone else gets one refusal line;
-- a request is bounded (protocol.py) and must arrive within protocol.REQUEST_TIMEOUT_S;
+Safety rules (docs/service.md):
+- the socket is 0600 in a 0700 directory owned by root, or handed over by systemd (LISTEN_FDS, fd 3); it is
+  listening before its path appears (bind_socket), so a client that sees the path can connect;
+- every connection's peer is pinned before a byte is read (peer.py: SO_PEERPIDFD, its /proc/<pid> and namespaces
+  read while it provably runs) and served only with CAP_SYS_ADMIN in our user namespace; anyone else, and anyone
+  over the bounds (MAX_PENDING in all, MAX_PENDING_PER_PEER), is answered DECLINED and runs the call in-process;
+- requests are read as their bytes come (protocol.Incoming) from an epoll loop, each with its deadline
+  (protocol.REQUEST_TIMEOUT_S): a slow or idle client delays nobody;
+- nothing changes for a request before its client said GO to our TAKING (protocol.py): a client that waited
+  too long runs the call itself, and our child then leaves without touching anything;
 - the parent reads and decides (the state, config.json, the request, the plan: hook/prestart.run up to its
   before_inject), which only reads and is bounded, so a container without a GPU request costs one round trip;
-- each start that touches a container runs in a child forked for it, which joins that container's mount
-  namespace itself, so nothing one container does reaches the next; the parent has no threads, so forking it is
-  safe. While the service is idle one such child is forked ahead (the spare, SPARE_IDLE_S after the start
-  before it ended) and waits on a socket pair; the next prestart start that touches a container (its runtime in
-  our mount namespace) is handed to it (its connection and descriptors over SCM_RIGHTS, the request and the
-  decision made for it: prestart.Decided, whose edits go by number when the spare has them, _handed), which
+- each start that touches a container runs in a child forked for it (none when MAX_CHILDREN run: DECLINED), which
+  joins that container's mount namespace itself, so nothing one container does reaches the next; the parent has no
+  threads, so forking it is safe. While the service is idle one such child is forked ahead (the spare, SPARE_IDLE_S
+  after the start before it ended) and waits on a socket pair; the next prestart start that touches a container (its
+  runtime in our mount namespace) is handed to it (its connection and descriptors over SCM_RIGHTS, the request and
+  the decision made for it: prestart.Decided, whose edits go by number when the spare has them, _handed), which
   spares that start the fork. The spare reads nothing again (nothing before the plan has an effect:
-  hook/prestart.run), so a spare forked before a change of config or driver does what the parent decided now;
-  a hand-off that fails leaves the request with the parent, which forks for it;
+  hook/prestart.run), so a spare forked before a change of config or driver does what the parent decided now; a
+  hand-off that fails leaves the request with the parent, which forks for it;
 - a child keeps running when the parent dies: an accepted request is answered (the client never retries it).
 """
 
@@ -25,17 +31,19 @@ import gc
 import io
 import os
 import pickle
+import select
 import signal
 import socket
 import stat
-import struct
 import sys
 import time
 
 from gpuhook.errors import GpuhookError, InjectionError, clip, render
 from gpuhook.hook import prestart
 from gpuhook.hook.config import DEFAULT_PATH, Config, load_config
+from gpuhook.model.contract import SERVICE_SOCKET, SERVICE_SOCKET_ENV
 from gpuhook.service import protocol
+from gpuhook.service.peer import Peer, Refused, pin
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -49,17 +57,24 @@ if TYPE_CHECKING:
     from gpuhook.model.request import Request
 
     # A command the service answers for the console script (service/client.py): (its arguments, the client's
-    # cwd) -> (exit status, stderr, stdout), or None when it must run in-process. The click layer above hands
-    # these in (cli/service.py), so this front door never imports it.
-    Command = Callable[[list[str], str], "tuple[int, str, bytes] | None"]
+    # cwd, take: called before its first effect) -> (exit status, stderr, stdout), or None, before take(), when
+    # it must run in-process. The click layer above hands these in (cli/service.py), so this front door never
+    # imports it.
+    Command = Callable[[list[str], str, Callable[[], None]], "tuple[int, str, bytes] | None"]
 
 MAX_PLANS = 256  # remembered plans (service.plan); then the memo starts over
-MAX_CHILDREN = 64  # requests in flight; one more waits for a child to end
+MAX_CHILDREN = 64  # starts in flight in children; one more is DECLINED (its client runs it in-process)
+MAX_LATE = 32  # children waiting on a cdi-hook's late state (the runtime's); counted apart, so that they can
+# never take the children every other start needs; one more such request is DECLINED
+MAX_PENDING = 4096  # connections whose request is still coming; one more is DECLINED
+MAX_PENDING_PER_PEER = 32  # the same, from one pinned process
+MAX_ACCEPTS = 64  # connections accepted per turn of the loop, so that reading the ones accepted keeps up
+GO_WAIT_S = 2.0  # a child that sent TAKING waits this long for GO, then leaves untouched (the client gave up)
+REFUSAL_LOG_S = 1.0  # at most one line a second about refused peers (a flood must not flood the journal)
 SPARE_MESSAGE = 256 << 10  # the largest request handed to the spare (a bigger state: the parent forks for it)
 SPARE_RETRY_S = 5.0  # a spare that died waiting is forked again this much later, never in a loop
 SPARE_IDLE_S = 0.02  # after a start's child ended, the next spare is forked this much later (Service.reap)
 STOP_WAIT_S = 10.0  # on SIGTERM, how long to let running children finish before exiting anyway
-_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 # What every start needs, imported once here instead of in each forked child.
 WARM_MODULES = ("json", "fcntl", "gpuhook.hook.plan", "gpuhook.inject.apply", "gpuhook.inject.devcgroup",
                 "gpuhook.model.request", "gpuhook.model.selection", "gpuhook.model.edits", "gpuhook.discover.cache",
@@ -95,6 +110,25 @@ class _Forked(BaseException):  # noqa: N818 - not an error: the parent's word th
     """Raised in the parent right after the fork for an injection; handle() lets it through unlogged."""
 
 
+class _NotTaken(BaseException):  # noqa: N818 - not an error: the client runs the start itself
+    """Raised in a child whose client did not say GO (protocol.py): it leaves without an answer or a log line."""
+
+
+class _Declined(BaseException):  # noqa: N818 - not an error: the service is at its bound
+    """Raised where no child can be had for a start (MAX_CHILDREN): the client is answered DECLINED."""
+
+
+class _Pending:
+    """A connection whose request is still coming: its pinned peer, what came so far, when it must be whole."""
+
+    __slots__ = ("conn", "peer", "incoming", "start", "deadline")
+
+    def __init__(self, conn: socket.socket, peer: Peer, start: float) -> None:
+        self.conn, self.peer, self.start = conn, peer, start
+        self.incoming = protocol.Incoming()
+        self.deadline = start + protocol.REQUEST_TIMEOUT_S
+
+
 class ServiceError(GpuhookError):
     """The service cannot start (its socket, its config): one line, exit 1."""
 
@@ -128,9 +162,17 @@ def _private_folder(folder: str) -> None:
         os.chmod(folder, 0o700)
 
 
+def socket_path(given: str | None = None) -> str:
+    """Where the service listens and every client connects: `given` (tests), else $GPUHOOK_SERVICE_SOCKET, else
+    /run/gpuhook/service.sock; the one rule the native entry follows too (entry.c's service_socket)."""
+    return given or os.environ.get(SERVICE_SOCKET_ENV) or SERVICE_SOCKET
+
+
 def bind_socket(path: str) -> socket.socket:
-    """A listening socket at `path` (0600, its folder 0700). A socket file nothing listens on (a crashed
-    service's) is replaced; anything else at the path, or a live service, is an error."""
+    """A listening socket at `path` (0600, its folder 0700), published only once it listens: bound and listening
+    under a temporary name in the same folder, then renamed to `path`, so a client never meets the path before a
+    connect can succeed. A socket file nothing listens on (a crashed service's) is replaced; anything else at
+    the path, or a live service, is an error."""
     path = os.path.abspath(path)
     _private_folder(os.path.dirname(path))
     try:
@@ -145,46 +187,34 @@ def bind_socket(path: str) -> socket.socket:
             probe.connect(path)
             raise ServiceError(f"a service already listens on {path}")
         except (ConnectionRefusedError, FileNotFoundError):
-            os.unlink(path)
+            pass  # a dead service's: the new socket is renamed over it, so the path never goes missing
         finally:
             probe.close()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    temporary = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}")
     old = os.umask(0o177)
     try:
-        sock.bind(path)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)  # a socket a service of this pid left (our folder: nobody else writes here)
+        sock.bind(temporary)
+        os.chmod(temporary, 0o600)
+        sock.listen(1024)
+        os.rename(temporary, path)
     except OSError as exc:
         sock.close()
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
         raise ServiceError(f"cannot listen on {path}: {exc.strerror}") from None
     finally:
         os.umask(old)
-    os.chmod(path, 0o600)
-    sock.listen(128)
     return sock
 
 
-def peer_cred(conn: socket.socket) -> tuple[int, int]:
-    """(pid, uid) of the peer as the kernel saw it connect; the pid is 0 when it lives in a PID namespace this
-    service cannot see."""
-    pid, uid, _gid = _PEERCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
-    return pid, uid
-
-
-def peer_mount_namespace(pid: int) -> int | None:
-    """An fd of the hook client's mount namespace when it is not the service's own (a runtime run in a private
-    mount namespace, with its own /sys/fs/cgroup or /proc), else None. The client is blocked on this very
-    connection until it is answered, so its pid names it throughout. What the in-process hook would see there
-    (its config, its cgroup mounts, the /proc of its PID namespace) is what the start must use."""
-    if pid <= 0:
-        return None
-    try:
-        fd = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    theirs, ours = os.fstat(fd), os.stat("/proc/self/ns/mnt")
-    if (theirs.st_dev, theirs.st_ino) == (ours.st_dev, ours.st_ino):
-        os.close(fd)
-        return None
-    return fd
+def _hung_up(conn: socket.socket) -> bool:
+    """Whether the client closed its end already (POLLRDHUP: it sent its request and gave up on the answer)."""
+    poller = select.poll()
+    poller.register(conn.fileno(), select.POLLRDHUP | select.POLLHUP)
+    return bool(poller.poll(0))
 
 
 def vetter(pid_fd: int | None) -> Callable[[Decided], int | None]:
@@ -234,7 +264,7 @@ def _client_env(entries: list[str]) -> Iterator[None]:
 class Service:
     """The warm state (configs by path, the inventory in discover/cache's memory) and the accept loop."""
 
-    def __init__(self, config_path: str | None = None, socket_path: str | None = None,
+    def __init__(self, config_path: str | None = None, given_socket: str | None = None,
                  commands: dict[str, Command] | None = None) -> None:
         import importlib
 
@@ -250,11 +280,12 @@ class Service:
         self._next_serial = 0
         self._spare_knows = 0  # the plans numbered below this were remembered when the spare was forked
         config = self.load(config_path)
-        self.socket_path = socket_path or config.service_socket
+        self.socket_path = os.path.abspath(socket_path(given_socket))
         with contextlib.suppress(Exception):  # the inventory of its own config, scanned before the first start
             cache.inventory(config.roots(), config.inventory_cache)  # (a failure is the first start's to word)
         self.commands = dict(commands or {})
         self.children: dict[int, socket.socket] = {}  # pid -> its client's connection, kept to word a death
+        self.late: set[int] = set()  # the children that wait on a late state (MAX_LATE)
         self.spare: tuple[int, socket.socket] | None = None  # the child forked ahead, and our end of its socket pair
         self.spent: set[int] = set()  # spares let go (their socket closed) and not reaped yet
         self.spare_after = 0.0  # time.monotonic() before which no spare is forked (one died waiting)
@@ -262,6 +293,10 @@ class Service:
         self.listener: socket.socket | None = None
         self.bound = False
         self.stopping = False
+        self.pending: dict[int, _Pending] = {}  # fd -> a connection whose request is still coming
+        self.per_peer: dict[int, int] = {}  # pinned pid -> its pending connections
+        self._epoll: select.epoll | None = None
+        self._refused_at, self._refused_quiet = 0.0, 0  # the last refusal line, and refusals not worded since
 
     def load(self, path: str | None) -> Config:
         """load_config(path), reused while the file's identity, size and mtime stay the same."""
@@ -306,47 +341,182 @@ class Service:
             self.bound = True
 
     def serve(self) -> None:
-        """Accept until SIGTERM/SIGINT, then let running children finish (STOP_WAIT_S at most)."""
-        import select
+        """Accept until SIGTERM/SIGINT, then let running children finish (STOP_WAIT_S at most). One epoll loop:
+        the listener, SIGCHLD's self-pipe and every connection whose request is still coming."""
+        import resource
 
         assert self.listener is not None
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._stop)
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # MAX_PENDING connections, each with its peer's
+        want = min(hard, 4 * MAX_PENDING + 256) if hard != resource.RLIM_INFINITY else 4 * MAX_PENDING + 256
+        if soft != resource.RLIM_INFINITY and soft < want:  # /proc/<pid> and namespace descriptors
+            with contextlib.suppress(ValueError, OSError):
+                resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
         self._wakeup = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(self._wakeup[1])  # a child's end wakes the poll at once, so it is reaped (and a
         signal.signal(signal.SIGCHLD, lambda _sig, _frame: None)  # death answered) without waiting for a timeout
-        poller = select.poll()
-        poller.register(self.listener.fileno(), select.POLLIN)
-        poller.register(self._wakeup[0], select.POLLIN)
+        self.listener.setblocking(False)
+        self._epoll = select.epoll()
+        self._epoll.register(self.listener.fileno(), select.EPOLLIN)
+        self._epoll.register(self._wakeup[0], select.EPOLLIN)
         print(f"gpuhook service: listening on {self.socket_path}", file=sys.stderr, flush=True)
         while not self.stopping:
             if self.spare is None and not self.children and time.monotonic() >= self.spare_after:
                 self._fork_spare()  # idle: the next start's child, forked ahead
-            ready = {fd for fd, _ in poller.poll(self._poll_ms())}
-            if self._wakeup[0] in ready:
-                with contextlib.suppress(BlockingIOError):
-                    while os.read(self._wakeup[0], 512):
-                        pass
+            try:
+                events = self._epoll.poll(self._poll_ms() / 1000)
+            except InterruptedError:
+                events = []
+            for fd, _mask in events:
+                if fd == self._wakeup[0]:
+                    with contextlib.suppress(BlockingIOError):
+                        while os.read(self._wakeup[0], 512):
+                            pass
+                elif fd == self.listener.fileno():
+                    if not self.stopping:
+                        self._accept_ready()
+                else:
+                    self._readable(fd)
             self.reap()
-            if self.listener.fileno() not in ready or self.stopping:
-                continue
+            self._expire()
+        for fd in list(self.pending):
+            self._drop_pending(fd).conn.close()
+        self.close()
+
+    def _accept_ready(self) -> None:
+        """Accept what is waiting (MAX_ACCEPTS at most this turn), pin each peer and start reading its request."""
+        assert self.listener is not None
+        for _ in range(MAX_ACCEPTS):
             try:
                 conn, _ = self.listener.accept()
             except (BlockingIOError, InterruptedError, ConnectionAbortedError):
-                continue
-            try:
-                self.serve_one(conn)
-            finally:
-                conn.close()
-        self.close()
+                return
+            except OSError as exc:  # EMFILE and the like: the client waits in the backlog, then runs in-process
+                self._log_refusal(f"cannot accept ({exc.strerror})")
+                return
+            self._admit(conn)
+
+    def _admit(self, conn: socket.socket) -> None:
+        """Pin `conn`'s peer (peer.pin) and read its request from the loop; DECLINED for a peer that cannot be
+        pinned or served, or one over the bounds."""
+        start = time.monotonic()
+        try:
+            peer = pin(conn)
+        except Refused as exc:
+            self._log_refusal(str(exc))
+            self._decline(conn)
+            return
+        if len(self.pending) >= MAX_PENDING or self.per_peer.get(peer.pid, 0) >= MAX_PENDING_PER_PEER:
+            self._log_refusal(f"peer pid {peer.pid}: over the bound of connections whose request is still coming")
+            peer.close()
+            self._decline(conn)
+            return
+        conn.setblocking(False)
+        pending = _Pending(conn, peer, start)
+        self.pending[conn.fileno()] = pending
+        self.per_peer[peer.pid] = self.per_peer.get(peer.pid, 0) + 1
+        assert self._epoll is not None
+        self._epoll.register(conn.fileno(), select.EPOLLIN)
+        self._readable(conn.fileno())  # the native entry sends its request at once: most often it is all there
+
+    def _readable(self, fd: int) -> None:
+        """Read what `fd`'s client sent; a whole request is dispatched, a bad one answered in one line."""
+        pending = self.pending.get(fd)
+        if pending is None:
+            return
+        try:
+            while True:
+                request = pending.incoming.feed(pending.conn)
+                if request is not None:
+                    break
+        except BlockingIOError:
+            return
+        except protocol.OtherVersion:
+            self._drop_pending(fd)
+            self._decline(pending.conn, pending.peer)
+            return
+        except protocol.ProtocolError as exc:
+            self._drop_pending(fd)
+            self._finish(pending, 1, f"gpuhook-hook: service: {render(exc)}")
+            return
+        except OSError:
+            self._drop_pending(fd)
+            self._finish(pending)
+            return
+        self._drop_pending(fd)
+        if _hung_up(pending.conn):  # its client gave up waiting (a service that was stopped): it runs the call
+            if request.pid_fd is not None:  # itself, and nothing here may add a second log line for that start
+                os.close(request.pid_fd)
+            self._finish(pending)
+            return
+        pending.conn.setblocking(True)
+        try:
+            self.dispatch(pending.conn, pending.peer, request, pending.start)
+        finally:
+            self._finish(pending)
+
+    def _expire(self) -> None:
+        """Answer and close every connection whose request did not come whole in time."""
+        now = time.monotonic()
+        for fd in [fd for fd, p in self.pending.items() if p.deadline <= now]:
+            pending = self._drop_pending(fd)
+            timeout = protocol.REQUEST_TIMEOUT_S
+            self._finish(pending, 1, f"gpuhook-hook: service: request not complete within {timeout:.1f} s")
+
+    def _drop_pending(self, fd: int) -> _Pending:
+        pending = self.pending.pop(fd)
+        left = self.per_peer.get(pending.peer.pid, 1) - 1
+        if left > 0:
+            self.per_peer[pending.peer.pid] = left
+        else:
+            self.per_peer.pop(pending.peer.pid, None)
+        if self._epoll is not None:
+            with contextlib.suppress(OSError):
+                self._epoll.unregister(fd)
+        return pending
+
+    def _finish(self, pending: _Pending, code: int | None = None, line: str = "") -> None:
+        """Close a connection taken off the loop (answered first when `code` is given) and its peer's descriptors."""
+        if code is not None:
+            with contextlib.suppress(OSError):
+                pending.conn.setblocking(True)
+            self._answer(pending.conn, code, line)
+        pending.conn.close()
+        pending.peer.close()
+
+    def _decline(self, conn: socket.socket, peer: Peer | None = None) -> None:
+        """DECLINED (the client runs the call in-process), then closed; never waits on the client. What it sent
+        so far is read first (at most 64 KiB), so that the close does not reset the connection under the answer."""
+        with contextlib.suppress(OSError):
+            conn.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                conn.recv(1 << 16)
+            conn.send(protocol.encode_answer(protocol.DECLINED, ""))
+        conn.close()
+        if peer is not None:
+            peer.close()
+
+    def _log_refusal(self, why: str) -> None:
+        """One line about a refused peer, at most every REFUSAL_LOG_S (with how many went unsaid meanwhile)."""
+        now = time.monotonic()
+        if now - self._refused_at < REFUSAL_LOG_S:
+            self._refused_quiet += 1
+            return
+        more = f" (and {self._refused_quiet} more since)" if self._refused_quiet else ""
+        print(f"gpuhook service: declined: {clip(why, quote=False)}{more}", file=sys.stderr, flush=True)
+        self._refused_at, self._refused_quiet = now, 0
 
     def _poll_ms(self) -> int:
-        """How long the accept loop may wait: until the spare is due (spare_after), else a second."""
-        if self.spare is None and not self.children:
-            due = self.spare_after - time.monotonic()
-            if due > 0:
-                return min(1000, int(due * 1000) + 1)
-        return 1000
+        """How long the loop may wait: until the spare is due (spare_after) or the next request's deadline, else
+        a second."""
+        wait, now = 1000, time.monotonic()
+        if self.spare is None and not self.children and self.spare_after > now:
+            wait = min(wait, int((self.spare_after - now) * 1000) + 1)
+        if self.pending:
+            first = min(p.deadline for p in self.pending.values())
+            wait = min(wait, max(0, int((first - now) * 1000) + 1))
+        return wait
 
     def _stop(self, _sig: int, _frame: object) -> None:
         self.stopping = True
@@ -380,12 +550,14 @@ class Service:
                 for conn in self.children.values():
                     conn.close()
                 self.children.clear()
+                self.late.clear()
                 self.spent.clear()
                 self._drop_spare()
                 return
             if pid == 0:
                 return
             self.spent.discard(pid)
+            self.late.discard(pid)
             if self.spare is not None and pid == self.spare[0]:  # died waiting: forked again, not at once
                 self._drop_spare()
                 self.spare_after = time.monotonic() + SPARE_RETRY_S
@@ -400,15 +572,27 @@ class Service:
                 conn.close()
             flags = os.WNOHANG
 
-    def _fork(self, conn: socket.socket) -> int:
-        """os.fork for one start (at most MAX_CHILDREN at once): in the parent the child is recorded with a copy
-        of its client's connection; in the child (0) nothing of the accept loop is left."""
-        if len(self.children) >= MAX_CHILDREN:
-            self.reap(block=True)
-        pid = self._fork_child()
+    def _fork(self, conn: socket.socket, late: bool = False) -> int:
+        """os.fork for one start: in the parent the child is recorded with a copy of its client's connection; in
+        the child (0) nothing of the accept loop is left. _Declined at MAX_CHILDREN (MAX_LATE for a child that
+        will wait on a late state; never a wait here: the loop must go on), or when the fork fails: nothing was
+        done, the client runs the start itself."""
+        if self._full(late):
+            self.reap()
+            if self._full(late):
+                raise _Declined
+        try:
+            pid = self._fork_child()
+        except OSError:
+            raise _Declined from None
         if pid:
             self.children[pid] = conn.dup()
+            if late:
+                self.late.add(pid)
         return pid
+
+    def _full(self, late: bool) -> bool:
+        return len(self.late) >= MAX_LATE if late else len(self.children) - len(self.late) >= MAX_CHILDREN
 
     def _fork_child(self) -> int:
         """os.fork; in the child (0) nothing of the accept loop is left (_enter_child)."""
@@ -461,7 +645,7 @@ class Service:
         (_serve_in_child's: a client in another mount namespace, `client_ns`, or a CDI hook, `cdi`), which goes as it
         came, to be run whole there. The descriptors go along: the connection, the /proc/<pid> fd, the client's
         namespace."""
-        if self.spare is None:
+        if self.spare is None or (request.later and len(self.late) >= MAX_LATE):
             return False
         pid, sock = self.spare
         message = self._handed((decided is None, request.argv, request.config_env, request.state, start,
@@ -479,6 +663,8 @@ class Service:
             return False
         self._drop_spare()
         self.children[pid] = conn.dup()
+        if request.later:
+            self.late.add(pid)
         return True
 
     def _handed(self, message: tuple[object, ...], decided: Decided | None) -> bytes:
@@ -524,12 +710,12 @@ class Service:
                                    f"{1 + with_pid_fd + with_ns}")
             pid_fd = fds[1] if with_pid_fd else None
             request = protocol.Request(argv, config_env, state, pid_fd, later=later)
-            vet = vetter(pid_fd)
+            vet = self._taking(conn, vetter(pid_fd))
             if whole:
                 return self._whole_call(conn, request, fds[-1] if with_ns else None, start, vet, cdi)
             config_path = prestart.config_path_for(argv, config_env)
             return prestart.handle(config_path, lambda: state, start, load=self.load, before_inject=vet,
-                                   decided=decided)
+                                   decided=decided, served="service")
 
         self._finish_in_child(conn, start_handed_over)
 
@@ -543,34 +729,69 @@ class Service:
             self._answer(conn, code, line)
         except SystemExit as exc:
             code = self._answer_exit(conn, exc)
+        except _NotTaken:  # the client runs it: no answer, no line
+            code = 0
         except BaseException as exc:  # noqa: BLE001 - a child must never return into the accept loop
             self._answer(conn, 1, f"gpuhook-hook: service: {render(exc)}")
         finally:
             os._exit(0 if code == 0 else 1)
 
+    def _taking(self, conn: socket.socket, vet: Callable[[Decided], int | None]) -> Callable[[Decided], int | None]:
+        """prestart's before_inject in a child: `vet` (which may still refuse the start: nothing changed yet),
+        then TAKING and the client's GO (_take) before the first change."""
+        def before_inject(decided: Decided) -> int | None:
+            via_fd = vet(decided)
+            self._take(conn)
+            return via_fd
+        return before_inject
+
     def serve_one(self, conn: socket.socket) -> None:
-        """One connection, answered here up to the plan (a container without a GPU request costs this round trip
-        and nothing else); the start that touches a container goes on in a child forked for it."""
+        """One connection read and served at once (tests; the loop reads as bytes come, then calls dispatch):
+        its peer pinned first, DECLINED when that fails."""
         start = time.monotonic()
         try:
-            peer_pid, uid = peer_cred(conn)
-            if uid != 0:
-                self._answer(conn, 1, f"gpuhook-hook: service: refused: peer uid {uid} is not root")
-                print(f"gpuhook service: refused a connection from uid {uid}", file=sys.stderr, flush=True)
+            peer = pin(conn)
+        except Refused as exc:
+            self._log_refusal(str(exc))
+            self._answer(conn, protocol.DECLINED, "")
+            return
+        try:
+            try:
+                request = protocol.read_request(conn)
+            except protocol.OtherVersion:
+                self._answer(conn, protocol.DECLINED, "")
                 return
-            request = protocol.read_request(conn)
-        except protocol.ProtocolError as exc:
-            self._answer(conn, 1, f"gpuhook-hook: service: {render(exc)}")
-            return
-        except OSError:
-            return
+            except protocol.ProtocolError as exc:
+                self._answer(conn, 1, f"gpuhook-hook: service: {render(exc)}")
+                return
+            except OSError:
+                return
+            self.dispatch(conn, peer, request, start)
+        finally:
+            peer.close()
+
+    def dispatch(self, conn: socket.socket, peer: Peer, request: protocol.Request, start: float) -> None:
+        """A whole request of a pinned peer, answered here up to the plan (a container without a GPU request costs
+        this round trip and nothing else); whatever changes something goes on in a child (forked for it, or the
+        spare), which says TAKING first; DECLINED where no child can be had."""
+        try:
+            self._dispatch(conn, peer, request, start)
+        except _Declined:
+            self._answer(conn, protocol.DECLINED, "")
+        finally:
+            if request.pid_fd is not None and request.pid_fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(request.pid_fd)
+
+    def _dispatch(self, conn: socket.socket, peer: Peer, request: protocol.Request, start: float) -> None:
         if request.later and request.argv[:1] != ["cdi-hook"]:  # only a CDI hook's child can wait for its state
             self._answer(conn, 1, "gpuhook-hook: service: refused: only a cdi-hook request's state may follow it")
             return
         if request.argv[:1] and request.argv[0] in protocol.OUTPUT_COMMANDS:
-            if request.pid_fd is not None:
-                os.close(request.pid_fd)
-            self._serve_command(conn, request, peer_pid)
+            self._serve_command(conn, request, peer)
+            return
+        if request.argv == [protocol.PING]:
+            self._answer(conn, 0, f"gpuhook service pid {os.getpid()}")
             return
         vet = vetter(request.pid_fd)  # before_inject, wherever the start runs
         if request.argv[:1] == ["cdi-hook"]:  # a CDI spec's createContainer hook: always a child (it mutates)
@@ -579,14 +800,11 @@ class Service:
             parsed = parse_hook_args(request.argv[1:])
             if parsed is None:  # help or a malformed option: click's words, so the client runs it in-process
                 self._answer(conn, protocol.DECLINED, "")
-                if request.pid_fd is not None:
-                    os.close(request.pid_fd)
                 return
-            self._serve_in_child(conn, request, peer_mount_namespace(peer_pid), start, vet, parsed)
+            self._serve_in_child(conn, request, peer, start, vet, parsed)
             return
-        client_ns = peer_mount_namespace(peer_pid)
-        if client_ns is not None:
-            self._serve_in_child(conn, request, client_ns, start, vet)
+        if peer.mnt_ns is not None:
+            self._serve_in_child(conn, request, peer, start, vet)
             return
         child = False
 
@@ -596,6 +814,7 @@ class Service:
             if self._hand_over(conn, request, start, decided) or self._fork(conn):
                 raise _Forked
             child = True  # a disposable process from here on: it joins the container's mount namespace itself
+            self._take(conn)
             return via_fd
 
         try:
@@ -605,57 +824,73 @@ class Service:
                 self._answer_exit(conn, exc)
                 return
             code, line = prestart.handle(config_path, lambda: request.state, start, load=self.load,
-                                         before_inject=fork_for_injection, plan=self.plan)
+                                         before_inject=fork_for_injection, plan=self.plan, served="service")
             self._answer(conn, code, line)
             if child:
                 os._exit(0 if code == 0 else 1)
         except _Forked:
             return
         except BaseException:
-            if child:  # a child must never return into the accept loop
+            if child:  # a child must never return into the accept loop (a client that said no GO: _NotTaken)
                 os._exit(1)
             raise
-        finally:
-            if request.pid_fd is not None and not child:
-                os.close(request.pid_fd)
 
-    def _serve_command(self, conn: socket.socket, request: protocol.Request, peer_pid: int) -> None:
-        """A console-script command (self.commands), run here as the client would run it in-process (its cwd, its
-        SERVED_ENV values), or declined: a client in another mount namespace (its files are not ours) or with an
-        interpreter from another folder (a spec names the gpuhook beside it), a command not served."""
+    def _serve_command(self, conn: socket.socket, request: protocol.Request, peer: Peer) -> None:
+        """A console-script command (self.commands), run in a child as the client would run it in-process (its
+        cwd, its SERVED_ENV values) once the client said GO, or declined: a client in another mount namespace (its
+        files are not ours) or with an interpreter from another folder (a spec names the gpuhook beside it), a
+        command not served."""
         command = self.commands.get(request.argv[0])
-        client_ns = peer_mount_namespace(peer_pid)
-        if client_ns is not None:
-            os.close(client_ns)
         same_bin = request.exe is not None and os.path.dirname(os.path.abspath(request.exe)) == os.path.dirname(
             os.path.abspath(sys.executable))
-        result = None
-        if command is not None and client_ns is None and request.cwd and same_bin:
+        if command is None or peer.mnt_ns is not None or not request.cwd or not same_bin:
+            self._answer(conn, protocol.DECLINED, "")
+            return
+        if self._fork(conn):
+            return
+
+        taken = False
+
+        def take() -> None:
+            nonlocal taken
+            self._take(conn)
+            taken = True
+
+        def run() -> tuple[int, str, bytes]:
             try:
                 with _client_env(request.env or []):
-                    result = command(request.argv[1:], request.cwd)
-            except Exception as exc:  # noqa: BLE001 - a bug in a command must not end the service
+                    result = command(request.argv[1:], request.cwd or "/", take)
+            except _NotTaken:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a bug in a command is its one line
                 result = 1, f"gpuhook: service: {render(exc)}\n", b""
-        code, err, out = result if result is not None else (protocol.DECLINED, "", b"")
-        self._answer(conn, code, err, out)
+            if result is None and not taken:  # click must word it: nothing was done, the client runs it
+                return protocol.DECLINED, "", b""
+            return result if result is not None else (1, "gpuhook: service: the command gave no answer\n", b"")
 
-    def _serve_in_child(self, conn: socket.socket, request: protocol.Request, client_ns: int | None, start: float,
+        code = 1
+        try:
+            code, err, out = run()
+            self._answer(conn, code, err, None if code == protocol.DECLINED else out)
+        except _NotTaken:
+            code = 0
+        finally:
+            os._exit(0 if code == 0 else 1)
+
+    def _serve_in_child(self, conn: socket.socket, request: protocol.Request, peer: Peer, start: float,
                         vet: Callable[[Decided], int | None], cdi: HookArgs | None = None) -> None:
         """The whole call in a child (the spare when one waits, else one forked for it), as the in-process entry
         would run it where the client is (_whole_call). `cdi`: a createContainer hook's parsed command line
         (inject/containerhooks.run_hook)."""
-        if not self._hand_over(conn, request, start, None, client_ns, cdi):
-            try:
-                pid = self._fork(conn)
-            except OSError as exc:
-                pid = -1
-                self._answer(conn, 1, f"gpuhook-hook: service: {render(exc)}")
-            if pid == 0:
-                self._finish_in_child(conn, lambda: self._whole_call(conn, request, client_ns, start, vet, cdi))
-        if client_ns is not None:  # the parent: the descriptors are the child's (or the spare's) alone
-            os.close(client_ns)
-        if request.pid_fd is not None:
-            os.close(request.pid_fd)
+        client_ns = peer.take_mnt_ns()
+        try:
+            if not self._hand_over(conn, request, start, None, client_ns, cdi) and \
+                    self._fork(conn, late=request.later) == 0:
+                self._finish_in_child(conn, lambda: self._whole_call(conn, request, client_ns, start,
+                                                                     self._taking(conn, vet), cdi))
+        finally:
+            if client_ns is not None:  # the parent: the descriptors are the child's (or the spare's) alone
+                os.close(client_ns)
 
     @staticmethod
     def _whole_call(conn: socket.socket, request: protocol.Request, client_ns: int | None, start: float,
@@ -676,9 +911,10 @@ class Service:
             from gpuhook.errors import outcome
             from gpuhook.inject.containerhooks import run_hook
 
+            Service._take(conn)  # all of run_hook may change the container: said GO for first
             return outcome(lambda: run_hook(cdi, request.state))
         config_path = prestart.config_path_for(request.argv, request.config_env)
-        return prestart.handle(config_path, lambda: request.state, start, before_inject=vet)
+        return prestart.handle(config_path, lambda: request.state, start, before_inject=vet, served="service")
 
     def _enter_child(self) -> None:
         """In the forked child: one start, then exit, so no collector, no signal handlers, no listener."""
@@ -693,8 +929,27 @@ class Service:
             self.listener.close()
         for conn in self.children.values():  # other starts' connections: theirs to answer
             conn.close()
+        for pending in self.pending.values():  # requests still coming: the parent's to read
+            pending.conn.close()
+            pending.peer.close()
+        self.pending.clear()
+        if self._epoll is not None:
+            self._epoll.close()
+            self._epoll = None
         self._drop_spare()  # the spare's socket: the parent's to hand over on
 
+    @staticmethod
+    def _take(conn: socket.socket) -> None:
+        """In a child, right before its first change: TAKING to the client, then its GO (protocol.py), within
+        GO_WAIT_S; _NotTaken when it does not come (the client gave up and runs the call itself)."""
+        try:
+            conn.settimeout(GO_WAIT_S)
+            conn.sendall(protocol.encode_taking())
+            if conn.recv(1) == protocol.GO:
+                return
+        except OSError:
+            pass
+        raise _NotTaken
     @classmethod
     def _answer_exit(cls, conn: socket.socket, exc: SystemExit) -> int:
         """A bad argv (config_path_for's SystemExit): the in-process hook's own words and status."""
@@ -712,10 +967,10 @@ class Service:
             pass
 
 
-def main(config_path: str | None, socket_path: str | None, commands: dict[str, Command] | None = None) -> int:
+def main(config_path: str | None, commands: dict[str, Command] | None = None) -> int:
     """`gpuhook service`: exit 0 on SIGTERM, 1 with one line when it cannot start."""
     try:
-        service = Service(config_path, socket_path, commands)
+        service = Service(config_path, None, commands)
         service.open()
     except (GpuhookError, OSError) as exc:
         print(f"gpuhook service: {render(exc)}", file=sys.stderr)

