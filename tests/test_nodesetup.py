@@ -8,8 +8,8 @@ under a supervisor that starts it again when it exits, as systemd's `Restart=alw
 `--restart signal` must leave a new daemon running the new configuration (`containerd config dump`), a GPU
 container must start through the installed hook (the payload's interpreter, run by its own loader): on 1.6
 through the restarted daemon from the base spec node-setup wrote; on 1.7, whose CDI only its CRI applies, by
-runc (a real kubelet's pods through CRI and CDI: docs/deploy.md's figures) -- and the uninstall must restart
-the daemon on its old configuration."""
+runc here and through the CRI in tests/test_nodesetup_cri.py -- and the uninstall must restart the daemon on its
+old configuration."""
 
 from __future__ import annotations
 
