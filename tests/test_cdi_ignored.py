@@ -202,7 +202,7 @@ def test_the_defaults_meet_on_the_node() -> None:
     from gpuhook.hook.config import Config
 
     assert Config().state_dir == STATE_DIR
-    daemonset = Path(__file__).parent.parent / "plugin" / "daemonset.yaml"
+    daemonset = Path(__file__).parent.parent / "deploy/base/device-plugin/daemonset.yaml"
     (ds,) = yaml.safe_load_all(daemonset.read_text(encoding="utf-8"))
     pod = ds["spec"]["template"]["spec"]
     volume = next(v for v in pod["volumes"] if v.get("hostPath", {}).get("path") == STATE_DIR)

@@ -636,3 +636,51 @@ def test_doctor_checks_the_config_the_running_daemon_uses(fake_daemon: Any, tmp_
     assert statuses(found)[1:] == [OK] and "has gpuhook's prestart hook" in found[1].message
     idle = rt.check_runtimes(["containerd"], spec_status(tmp_path / "cdi"), p, {"containerd": (1, 6, 20)}, [])
     assert "no containerd daemon running" in idle[0].message and statuses(idle)[1:] == [PROBLEM]
+
+
+def test_containerd_cdi_through_an_imported_drop_in(tmp_path: Path) -> None:
+    """node-setup turns CDI on in a drop-in the main config imports (containerd replaces a plugin's whole table
+    with an imported file's): doctor reads the config as containerd does, imports included."""
+    from gpuhook.nodesetup.runtime import containerd_dropin
+
+    p = paths(tmp_path)
+    config = Path(p.containerd_config)
+    config.parent.mkdir(parents=True)
+    config.write_text('version = 2\n[plugins."io.containerd.grpc.v1.cri"]\n  sandbox_image = "pause:3.9"\n')
+    status = spec_status(tmp_path / "cdi")
+    assert PROBLEM in statuses(rt.check_containerd((1, 7, 2), p, status))  # CDI off: no way to give a GPU
+    for change in containerd_dropin("/", str(config)):
+        text = change.new.replace('"/etc/cdi"', f'"{tmp_path / "cdi"}"')  # the drop-in lists /etc/cdi: ours
+        Path(change.path).parent.mkdir(parents=True, exist_ok=True)
+        Path(change.path).write_text(text)
+    assert statuses(rt.check_containerd((1, 7, 2), p, status)) == [OK]
+    config.write_text(config.read_text().replace("99-gpuhook.toml", "*.toml"))  # a glob, as distributions write it
+    assert statuses(rt.check_containerd((1, 7, 2), p, status)) == [OK]
+    (config.parent / "conf.d/99-gpuhook.toml").write_text("version = [\n")
+    (problem,) = rt.check_containerd((1, 7, 2), p, status)
+    assert problem.status == PROBLEM and "99-gpuhook.toml" in problem.message
+
+
+def test_a_running_daemons_version_is_its_own_binarys(tmp_path: Path) -> None:
+    """The version checked is the running daemon's (node-setup's probe on a node whose containerd is not the
+    one on PATH, or not on PATH at all), through /proc/<pid>/exe."""
+    import shutil
+    import subprocess
+
+    from gpuhook.doctor.daemons import Daemon
+
+    if shutil.which("gcc") is None:
+        pytest.skip("needs gcc")
+    source = tmp_path / "fake.c"
+    source.write_text('#include <stdio.h>\n#include <string.h>\n#include <unistd.h>\n'
+                      'int main(int c, char **v) { if (c > 1 && !strcmp(v[1], "--version")) '
+                      '{ puts("containerd github.com/containerd/containerd v9.8.7 abc"); return 0; } pause(); }\n')
+    binary = tmp_path / "containerd"
+    subprocess.run(["gcc", "-o", str(binary), str(source)], check=True)
+    proc = subprocess.Popen([str(binary)])
+    try:
+        assert rt._daemon_version("containerd", [Daemon("containerd", proc.pid, None)]) == (9, 8, 7)
+        assert rt._daemon_version("containerd", [Daemon("crio", proc.pid, None)]) != (9, 8, 7)
+    finally:
+        proc.kill()
+        proc.wait()

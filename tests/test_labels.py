@@ -269,6 +269,7 @@ def test_plugin_feature_file_follows_a_driver_upgrade(fake_driver_factory: Any, 
 
 
 PLUGIN_DIR = Path(__file__).parent.parent / "plugin"
+DEPLOY_DIR = Path(__file__).parent.parent / "deploy/base/device-plugin"
 
 
 def test_daemonset_writes_the_feature_file_into_the_hosts_nfd_directory() -> None:
@@ -276,7 +277,7 @@ def test_daemonset_writes_the_feature_file_into_the_hosts_nfd_directory() -> Non
 
     from gpuhook.plugin.featurefile import NFD_FEATURES_DIR
 
-    (ds,) = yaml.safe_load_all((PLUGIN_DIR / "daemonset.yaml").read_text(encoding="utf-8"))
+    (ds,) = yaml.safe_load_all((DEPLOY_DIR / "daemonset.yaml").read_text(encoding="utf-8"))
     pod = ds["spec"]["template"]["spec"]
     volume = next(v for v in pod["volumes"] if v.get("hostPath", {}).get("path") == NFD_FEATURES_DIR)
     container = pod["containers"][0]

@@ -639,7 +639,7 @@ def test_deployment_manifests_parse() -> None:
     import yaml
 
     base = Path(__file__).parent.parent / "plugin"
-    (ds,) = yaml.safe_load_all((base / "daemonset.yaml").read_text(encoding="utf-8"))
+    (ds,) = yaml.safe_load_all((base.parent / "deploy/base/device-plugin/daemonset.yaml").read_text(encoding="utf-8"))
     assert ds["kind"] == "DaemonSet"
     pod = ds["spec"]["template"]["spec"]
     paths = {v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}

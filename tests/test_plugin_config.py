@@ -515,7 +515,7 @@ def test_default_strategy_gives_the_gpu_once_with_or_without_cdi(fake_driver: An
 
 
 def test_daemonset_reads_the_config_map_where_it_mounts_it() -> None:
-    base = Path(__file__).parent.parent / "plugin"
+    base = Path(__file__).parent.parent / "deploy/base/device-plugin"
     (ds,) = yaml.safe_load_all((base / "daemonset.yaml").read_text(encoding="utf-8"))
     pod = ds["spec"]["template"]["spec"]
     container = pod["containers"][0]

@@ -60,6 +60,7 @@ class LazyGroup(click.Group):
         "doctor": "gpuhook.cli.doctor:doctor",
         "system": "gpuhook.cli.system:system",
         "service": "gpuhook.cli.service:service",
+        "node-setup": "gpuhook.cli.nodesetup:node_setup",
         "uninstall": "gpuhook.cli.uninstall:uninstall",
     }
 

@@ -134,6 +134,38 @@ def _toml(path: str) -> tuple[dict[str, Any] | None, str]:
         return None, f"cannot parse {path}: {exc}"
 
 
+MAX_IMPORTS = 64
+
+
+def _containerd_toml(path: str) -> tuple[dict[str, Any] | None, str]:
+    """containerd's config as the daemon reads it: the main file, then every file its `imports` name (globs;
+    relative to the main file's folder), each replacing whole plugin tables, as containerd 1.x merges them
+    (gpuhook's own drop-in, node-setup's, carries the whole CRI table for that reason)."""
+    data, error = _toml(path)
+    if error or not data or not isinstance(data.get("imports"), list):
+        return data, error
+    import glob
+
+    merged = dict(data)
+    plugins = dict(merged.get("plugins") or {})
+    names: list[str] = []
+    for pattern in data["imports"]:
+        if isinstance(pattern, str):
+            full = pattern if os.path.isabs(pattern) else os.path.join(os.path.dirname(path), pattern)
+            names += sorted(glob.glob(full)) if glob.has_magic(full) else [full]
+    for name in names[:MAX_IMPORTS]:
+        part, part_error = _toml(name)
+        if part_error:
+            return None, part_error
+        for key, value in (part or {}).items():
+            if key == "plugins" and isinstance(value, dict):
+                plugins.update(value)
+            elif key not in ("version", "imports"):
+                merged[key] = value
+    merged["plugins"] = plugins
+    return merged, ""
+
+
 def _json(path: str) -> tuple[dict[str, Any] | None, str]:
     try:
         with open(path, encoding="utf-8") as f:
@@ -278,7 +310,7 @@ def check_crio(ver: Version | None, paths: Paths, specs: SpecStatus) -> list[Fin
 
 def check_containerd(ver: Version | None, paths: Paths, specs: SpecStatus) -> list[Finding]:
     label = f"containerd {_vtext(ver)}"
-    data, error = _toml(paths.containerd_config)
+    data, error = _containerd_toml(paths.containerd_config)
     if error:
         return [_f(PROBLEM, f"{label}: {error}", f"fix the TOML syntax in {paths.containerd_config}")]
     modern = ver is None or ver >= (2,)
@@ -411,13 +443,24 @@ def _daemon_paths(name: str, paths: Paths, daemons: Sequence[Daemon]) -> tuple[l
     return [with_config(name, paths, c) for c in configs], notes
 
 
+def _daemon_version(name: str, daemons: Sequence[Daemon]) -> Version | None:
+    """The running daemon's own binary's version (a node may have another, older one on PATH, or none), else
+    the one on PATH."""
+    for daemon in daemons:
+        if daemon.runtime == name:
+            found = version_of(f"/proc/{daemon.pid}/exe")
+            if found is not None:
+                return found
+    return version_of(BINARIES.get(name, name))
+
+
 def check_runtimes(names: Sequence[str], specs: SpecStatus, paths: Paths = Paths(),
                    versions: dict[str, Version | None] | None = None,
                    daemons: Sequence[Daemon] | None = None) -> list[Finding]:
     """Findings for each runtime in `names` (versions from `<binary> --version` unless given), checking the config
     file each running daemon uses (`daemons`: from this host's process table unless given)."""
-    versions = versions if versions is not None else {n: version_of(BINARIES[n]) for n in names}
     daemons = running_daemons() if daemons is None else daemons
+    versions = versions if versions is not None else {n: _daemon_version(n, daemons) for n in names}
     checks = {"podman": check_podman, "crio": check_crio, "containerd": check_containerd, "docker": check_docker}
     out: list[Finding] = []
     for name in names:

@@ -74,6 +74,11 @@ class Options(Record):
     hooks_dir: str | None = None
     hook_path: str | None = None
     hook_config: str | None = None  # the hook's own config file, passed in the hook entry as --config FILE
+    # Where the host's `/` is mounted (node-setup's host mount): files are read and written under it, while the
+    # paths written *into* configs stay the host's own. `default_spec`: `ctr oci spec`'s output, when the
+    # caller ran the host's ctr itself (a pod has none of its own).
+    root: str = "/"
+    default_spec: str | None = None
 
 
 class Plan(Record, frozen=False):
@@ -110,17 +115,22 @@ def _check_options(opts: Options) -> None:
             raise ConfigError(f"{name} must be an absolute path, not {value!r}")
 
 
+def under(root: str, path: str) -> str:
+    """`path` (a host path) as seen through the host mount at `root`."""
+    return path if root == "/" else os.path.join(root, os.path.abspath(path).lstrip("/"))
+
+
 def _hook_path(opts: Options, result: Plan) -> str:
     """The hook to register: --hook-path, else where `gpuhook hook install` writes its lean entry script; a
     missing file is worth a loud note because podman and CRI-O silently skip a hook whose path does not exist."""
     path = opts.hook_path or hookspec.default_hook_path()
-    if not os.path.isfile(path):
+    if not os.path.isfile(under(opts.root, path)):
         result.notes.append(f"{path} does not exist (yet); runtimes skip or fail a hook whose program is missing")
     return path
 
 
-def _load_toml(where: str) -> tuple[str, str | None, TOMLDocument]:
-    path = target(where)
+def _load_toml(where: str, root: str = "/") -> tuple[str, str | None, TOMLDocument]:
+    path = target(under(root, where))
     old = read_text(path)
     return path, old, parse_toml(where, old or "")
 
@@ -139,7 +149,7 @@ def _has_all(wanted: Sequence[str]) -> Callable[[Any], bool]:
 # --- containerd -------------------------------------------------------------------------------------------
 
 
-def _containerd_version(where: str, doc: TOMLDocument) -> int:
+def containerd_version(where: str, doc: TOMLDocument) -> int:
     """Config version 2 or 3; an empty file becomes version 2 (read by containerd 1.x and 2.x alike)."""
     raw = doc.get("version")
     version = raw.unwrap() if hasattr(raw, "unwrap") else raw
@@ -158,34 +168,42 @@ def _containerd_version(where: str, doc: TOMLDocument) -> int:
 
 def _containerd(opts: Options) -> Plan:
     where = opts.config or CONTAINERD_CONFIG
-    path, old, doc = _load_toml(where)
-    version = _containerd_version(where, doc)
+    path, old, doc = _load_toml(where, opts.root)
+    version = containerd_version(where, doc)
     cri_keys = CONTAINERD_CRI[version]
     result = Plan("containerd", opts.mode, where)
     if opts.mode == "cdi":
-        cri, _ = ensure_table(where, doc, cri_keys)
-        set_value(cri, "enable_cdi", True)
-        add_items(where, cri, (*cri_keys, "cdi_spec_dirs"), CDI_DIRS, CDI_DIRS)
-        change = _toml_change(path, old, doc)
-        check(where, change.new, (*cri_keys, "enable_cdi"), lambda v: v is True)
-        check(where, change.new, (*cri_keys, "cdi_spec_dirs"), _has_all(CDI_DIRS))
+        change = FileChange(path, old, containerd_cdi(where, doc, version))
         if version == 2:
             result.notes.append("CDI needs containerd >= 1.7; containerd 1.6 ignores enable_cdi (use --mode hook)")
         result.changes.append(change)
         return result
     hook = _hook_path(opts, result)
-    runtime_keys, base = _containerd_runtime(where, path, doc, cri_keys)
+    runtime_keys, base = _containerd_runtime(where, opts.root, doc, cri_keys)
     change = _toml_change(path, old, doc)
     check(where, change.new, (*runtime_keys, "base_runtime_spec"), lambda v: v == base)
     # The base spec first: the config must never name a file that is not there yet.
-    result.changes += [_base_spec_change(base, hook, opts.hook_config), change]
+    result.changes += [_base_spec_change(base, hook, opts.hook_config, opts.root, opts.default_spec), change]
     result.notes.append(f"the base spec replaces containerd's built-in default spec for runtime {runtime_keys[-1]!r}; "
                         "containers created before the restart keep their old spec")
     return result
 
 
+def containerd_cdi(where: str, doc: TOMLDocument, version: int) -> str:
+    """`doc` (a containerd config of `version`, or a drop-in holding its CRI table) with CDI on and both CDI
+    directories listed, rendered and re-read to check it."""
+    cri_keys = CONTAINERD_CRI[version]
+    cri, _ = ensure_table(where, doc, cri_keys)
+    set_value(cri, "enable_cdi", True)
+    add_items(where, cri, (*cri_keys, "cdi_spec_dirs"), CDI_DIRS, CDI_DIRS)
+    text = tomlkit.dumps(doc)
+    check(where, text, (*cri_keys, "enable_cdi"), lambda v: v is True)
+    check(where, text, (*cri_keys, "cdi_spec_dirs"), _has_all(CDI_DIRS))
+    return text
+
+
 def _containerd_runtime(
-    where: str, path: str, doc: TOMLDocument, cri_keys: tuple[str, ...]
+    where: str, root: str, doc: TOMLDocument, cri_keys: tuple[str, ...]
 ) -> tuple[tuple[str, ...], str]:
     """Point the default runtime's `base_runtime_spec` at a spec file (the one already set, or ours beside the
     config); returns that runtime's key path and the spec path."""
@@ -196,17 +214,22 @@ def _containerd_runtime(
         # A partial runtimes.runc table replaces containerd's default one, so it must name the shim itself.
         set_value(runtime, "runtime_type", "io.containerd.runc.v2")
     current = runtime.get("base_runtime_spec")
-    base = str(current) if current else os.path.join(os.path.dirname(path), BASE_SPEC_NAME)
+    host_path = os.path.realpath(where) if root == "/" else os.path.abspath(where)
+    base = str(current) if current else os.path.join(os.path.dirname(host_path), BASE_SPEC_NAME)
     set_value(runtime, "base_runtime_spec", base)
     return runtime_keys, base
 
 
-def _base_spec_change(where: str, hook: str, hook_config: str | None) -> FileChange:
+def _base_spec_change(where: str, hook: str, hook_config: str | None, root: str = "/",
+                      default_spec: str | None = None) -> FileChange:
     """The base OCI spec with the prestart hook added (once; an entry for the same program is updated); a
     missing spec starts from `ctr oci spec` cut down to what CRI applies anyway (`cri_default_spec`)."""
-    path = target(where)
+    path = target(under(root, where))
     old = read_text(path)
-    spec = parse_json_object(where, old) if old is not None else cri_default_spec(_ctr_default_spec(where))
+    if old is not None:
+        spec = parse_json_object(where, old)
+    else:
+        spec = cri_default_spec(default_spec if default_spec is not None else _ctr_default_spec(where))
     hooks = spec.setdefault("hooks", {})
     prestart = hooks.setdefault("prestart", []) if isinstance(hooks, dict) else None
     if not isinstance(prestart, list):
@@ -273,7 +296,7 @@ def _ctr_default_spec(where: str) -> str:
 def _crio(opts: Options) -> Plan:
     """crio.conf when it exists, else our own drop-in: CRI-O reads /etc/crio/crio.conf.d/* after the main file."""
     where = opts.config or (CRIO_CONFIG if os.path.exists(CRIO_CONFIG) else CRIO_DROPIN)
-    path, old, doc = _load_toml(where)
+    path, old, doc = _load_toml(where, opts.root)
     keys = ("crio", "runtime")
     table, _ = ensure_table(where, doc, keys)
     result = Plan("crio", opts.mode, where)
