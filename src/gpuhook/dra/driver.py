@@ -30,6 +30,7 @@ from gpuhook.dra.server import DraService, GrpcEndpoint, RegistrationService, dr
 from gpuhook.errors import GpuhookError
 from gpuhook.model.inventory import Gpu, Inventory
 from gpuhook.model.record import Record, field
+from gpuhook.plugin.driverversion import VersionWatch, loaded_version
 from gpuhook.plugin.health import HealthConfig, HealthMonitor
 from gpuhook.plugin.state import HealthBoard
 
@@ -37,7 +38,6 @@ log = logging.getLogger("gpuhook.dra")
 
 DEFAULT_KUBELET_DIR = "/var/lib/kubelet"
 WATCH_TICK = 0.5  # seconds between checks of the sockets, the health board and the driver version
-DRIVER_CHECK_INTERVAL = 2.0
 
 
 class DriverConfig(Record):
@@ -87,7 +87,7 @@ class Driver:
         self._reload = threading.Event()
         self._board_version = -1
         self.driver_version = ""
-        self._driver_checked = 0.0
+        self._version_watch = VersionWatch()
 
     # -- devices ----------------------------------------------------------------------------------------------
     def _published_devices(self) -> list[dict[str, Any]]:
@@ -207,25 +207,11 @@ class Driver:
                 endpoint.start()
 
     def _read_driver_version(self) -> str:
-        if self.inventory is None:
-            return ""
-        from gpuhook.discover import procfs
-
-        try:
-            return procfs.driver_version(self.inventory.proc_root)
-        except GpuhookError:
-            return ""
+        return loaded_version(self.inventory)
 
     def _driver_changed(self) -> bool:
-        now = time.monotonic()
-        if now - self._driver_checked < DRIVER_CHECK_INTERVAL:
-            return False
-        self._driver_checked = now
-        current = self._read_driver_version()
-        if current and self.driver_version and current != self.driver_version:
-            log.warning("driver version changed from %s to %s", self.driver_version, current)
-            return True
-        return False
+        """A loaded driver whose version differs from the one discovered: an upgrade, so discover again."""
+        return self._version_watch.changed(self.inventory, self.driver_version)
 
 
 def serve_forever(config: DriverConfig, load_inventory: Callable[[], Inventory], api: Api) -> None:

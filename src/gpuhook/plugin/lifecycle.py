@@ -28,6 +28,7 @@ from gpuhook.plugin import cdispec, topology
 from gpuhook.plugin.cdiignored import CdiIgnoredWatch
 from gpuhook.plugin.devices import CDI_STRATEGIES, Options, Resource, plan
 from gpuhook.plugin.devicespecs import DeviceSpecs
+from gpuhook.plugin.driverversion import VersionWatch, loaded_version
 from gpuhook.plugin.featurefile import FeatureFile
 from gpuhook.plugin.health import HealthConfig, HealthMonitor
 from gpuhook.plugin.registration import KUBELET_SOCKET, Registrar
@@ -39,7 +40,6 @@ log = logging.getLogger("gpuhook.plugin")
 
 DEFAULT_KUBELET_DIR = "/var/lib/kubelet/device-plugins"
 WATCH_TICK = 0.5  # seconds between checks when nothing wakes the watcher
-DRIVER_CHECK_INTERVAL = 2.0  # seconds between reads of the driver's version file (a driver upgrade reloads)
 
 
 class PluginConfig(Record):
@@ -91,7 +91,7 @@ class Plugin:
         self.kubelet_socket = os.path.join(config.kubelet_dir, KUBELET_SOCKET)
         self.features = FeatureFile(config.feature_file, config.options) if config.feature_file else None
         self.driver_version = ""  # what /proc/driver/nvidia/version said at the last discovery
-        self._driver_checked = 0.0
+        self._version_watch = VersionWatch()
         self.cdi_ignored: CdiIgnoredWatch | None = None  # started by run()
 
     def _dev_char_links(self, inv: Inventory) -> None:
@@ -259,26 +259,11 @@ class Plugin:
             self.features.update(self.inventory, self.board.unhealthy)
 
     def _read_driver_version(self) -> str:
-        if self.inventory is None:
-            return ""
-        from gpuhook.discover import procfs
-
-        try:
-            return procfs.driver_version(self.inventory.proc_root)
-        except GpuhookError:
-            return ""
+        return loaded_version(self.inventory)
 
     def _driver_changed(self) -> bool:
         """A loaded driver whose version differs from the one discovered: an upgrade, so discover again."""
-        now = time.monotonic()
-        if now - self._driver_checked < DRIVER_CHECK_INTERVAL:
-            return False
-        self._driver_checked = now
-        current = self._read_driver_version()
-        if current and self.driver_version and current != self.driver_version:
-            log.warning("driver version changed from %s to %s", self.driver_version, current)
-            return True
-        return False
+        return self._version_watch.changed(self.inventory, self.driver_version)
 
     def reload(self) -> None:
         """A device change: re-discover, recompute topology and the spec, serve and register the new lists."""
