@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 import pickle
 import subprocess
 import sys
@@ -142,5 +143,9 @@ def test_hook_path_model_loads_without_dataclasses() -> None:
     code = ("import sys; sys.path[:0] = sys.argv[1:]; import gpuhook.hook.plan, gpuhook.inject.apply, "
             "gpuhook.inject.devcgroup, gpuhook.model.request, gpuhook.model.requirements; "
             "print(sorted(m for m in ('dataclasses', 'inspect', 'typing') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-IS", "-c", code, *sys.path], capture_output=True, text=True, check=True)
+    import gpuhook
+
+    here = os.path.dirname(os.path.dirname(os.path.abspath(gpuhook.__file__)))  # the gpuhook this session imported
+    out = subprocess.run([sys.executable, "-IS", "-c", code, here, *sys.path], capture_output=True, text=True,
+                         check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
