@@ -229,7 +229,8 @@ def bench(args: argparse.Namespace) -> None:
                 "--cdi-spec-dir", str(work / "cdi"), "--hook-path", "/usr/local/bin/gpuhook-hook",
                 "--sys-root", str(fake.root / "sys"), "--recovery-window", str(RECOVERY_S),
                 "--health-interval", "0.05", "--log-level", "warning",
-                "--inventory-cache", str(work / "inventory.json")]  # fmt: skip
+                "--inventory-cache", str(work / "inventory.json"),
+                "--hook-state-dir", str(work / "records")]  # fmt: skip  (never the host's /run/gpuhook)
         started = time.perf_counter()
         with open(log, "wb") as out:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)

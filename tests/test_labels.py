@@ -213,7 +213,7 @@ def plugin_with_features(fake: Any, feature_file: Path, health: HealthConfig,
     with TestKubelet(os.path.join(directory, "dp")) as kubelet:
         config = PluginConfig(kubelet_dir=kubelet.directory, cdi_spec_dir=os.path.join(directory, "cdi"),
                               hook_path="/bin/true", health=health, sys_root=str(fake.root / "sys"),
-                              feature_file=str(feature_file))
+                              feature_file=str(feature_file), hook_state_dir=None)
         plugin = Plugin(config, load)
         plugin.start()
         thread = threading.Thread(target=plugin.run, daemon=True)

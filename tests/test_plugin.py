@@ -381,7 +381,8 @@ def test_no_nvml_events_degrades_to_node_and_handle_checks(fake_driver: Any, kub
     # Now without the library: only device nodes are watched, and the plugin still runs.
     inv = inventory(fake_driver)
     config = PluginConfig(kubelet_dir=kubelet.directory, cdi_spec_dir=None, hook_path="/bin/true",
-                          health=HealthConfig(interval=0.05), nvml_library="/nonexistent/libnvidia-ml.so.1")
+                          health=HealthConfig(interval=0.05), nvml_library="/nonexistent/libnvidia-ml.so.1",
+                          hook_state_dir=None)
     plugin = Plugin(config, lambda: inv)
     plugin.start()
     try:
@@ -484,7 +485,8 @@ def test_replicas(fake_driver: Any, kubelet: TestKubelet) -> None:
 def plugin_args(fake: Any, kubelet: TestKubelet, *extra: str) -> list[str]:
     return ["--driver-root", str(fake.root), "--proc-root", str(fake.root / "proc"), "--kubelet-dir", kubelet.directory,
             "--cdi-spec-dir", os.path.join(os.path.dirname(kubelet.directory), "cdi"), "--hook-path", "/bin/true",
-            "--sys-root", str(fake.root / "sys"), "--health-interval", "0.05", *extra]
+            "--sys-root", str(fake.root / "sys"), "--health-interval", "0.05",
+            "--hook-state-dir", os.path.join(os.path.dirname(kubelet.directory), "records"), *extra]
 
 
 def test_process_registers_serves_and_exits_cleanly_on_sigterm(fake_driver: Any, kubelet: TestKubelet,
@@ -736,7 +738,8 @@ def test_start_never_removes_what_is_not_a_stale_socket(fake_driver: Any, kubele
         path.mkdir()
     config = PluginConfig(options=Options(), kubelet_dir=kubelet.directory,
                           cdi_spec_dir=os.path.join(os.path.dirname(kubelet.directory), "cdi"),
-                          hook_path="/bin/true", health=FAST_HEALTH, sys_root=str(fake_driver.root / "sys"))
+                          hook_path="/bin/true", health=FAST_HEALTH, sys_root=str(fake_driver.root / "sys"),
+                          hook_state_dir=None)
     inv = inventory(fake_driver)
     plugin = Plugin(config, lambda: inv)
     try:
@@ -753,7 +756,7 @@ def test_plugin_makes_dev_char_links_at_start(fake_driver: Any, kubelet: TestKub
     inv = inventory(fake_driver)
     dev_char = tmp_path / "char"
     config = PluginConfig(kubelet_dir=kubelet.directory, cdi_spec_dir=None, hook_path="/bin/true",
-                          health=HealthConfig(enabled=False), dev_char_path=str(dev_char))
+                          health=HealthConfig(enabled=False), dev_char_path=str(dev_char), hook_state_dir=None)
     for _ in range(2):
         plugin = Plugin(config, lambda: inv)
         plugin.start()

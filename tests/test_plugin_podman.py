@@ -57,7 +57,7 @@ class Cluster:
         inv = discover(Roots.make(str(fake.root), proc_root=str(fake.root / "proc")))
         config = PluginConfig(options=options, kubelet_dir=self.kubelet.directory, cdi_spec_dir=str(world.spec_dir),
                               hook_path=default_hook_path(), health=HealthConfig(enabled=False),
-                              sys_root=str(fake.root / "sys"))
+                              sys_root=str(fake.root / "sys"), hook_state_dir=None)
         self.plugin = Plugin(config, lambda: inv)
         self.plugin.start()
         self.thread = threading.Thread(target=self.plugin.run, daemon=True)
