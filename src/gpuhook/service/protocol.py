@@ -48,9 +48,9 @@ no parser of its own; it is written here with `_json`'s string encoder, so a cli
 `socket` (their `re` and `enum` cost the console script's start more than the whole round trip).
 
 Every size is bounded (MAX_HEADER, MAX_STATE, MAX_ANSWER, MAX_OUTPUT) and the whole request must arrive within
-REQUEST_TIMEOUT_S: the service refuses anything else in one line, never waits on a slow client longer, and a
-client bigger than the bounds is refused before any of its state is read. The service reads requests as their
-bytes come (Incoming), so a slow client delays nobody else.
+REQUEST_TIMEOUT_S: the service refuses what is out of bounds in one line (a client bigger than the bounds before any
+of its state is read), and answers DECLINED to a request not whole in time, so that its client runs it. The service
+reads requests as their bytes come (Incoming), so a slow client delays nobody else.
 """
 
 from __future__ import annotations

@@ -457,12 +457,16 @@ class Service:
             self._finish(pending)
 
     def _expire(self) -> None:
-        """Answer and close every connection whose request did not come whole in time."""
+        """DECLINED, then closed, for every connection whose request did not come whole in time: what it sent is
+        read first (a busy loop may simply not have got to it), and nothing was done for it, so its client runs
+        the call itself; a slow client never fails a start, nor holds a place."""
         now = time.monotonic()
         for fd in [fd for fd, p in self.pending.items() if p.deadline <= now]:
-            pending = self._drop_pending(fd)
-            timeout = protocol.REQUEST_TIMEOUT_S
-            self._finish(pending, 1, f"gpuhook-hook: service: request not complete within {timeout:.1f} s")
+            self._readable(fd)
+            pending = self.pending.get(fd)
+            if pending is not None:
+                self._drop_pending(fd)
+                self._decline(pending.conn, pending.peer)
 
     def _drop_pending(self, fd: int) -> _Pending:
         pending = self.pending.pop(fd)
