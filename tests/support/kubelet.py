@@ -269,7 +269,10 @@ class PluginProcess:
     def __init__(self, args: Sequence[str], log_path: str) -> None:
         import subprocess
 
-        self.args = [*gpuhook_command(), "device-plugin", *args]
+        # the plugin makes the node's key in its --hook-state-dir: one of the test's own, never the host's
+        own = [] if any(a.startswith("--hook-state-dir") for a in args) else [
+            "--hook-state-dir", os.path.join(os.path.dirname(os.path.abspath(log_path)), "records")]
+        self.args = [*gpuhook_command(), "device-plugin", *args, *own]
         self.log_path = log_path
         self._log = open(log_path, "w", encoding="utf-8")  # noqa: SIM115 - closed in wait()/kill()
         self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
