@@ -190,6 +190,7 @@ def test_allocate_seals_its_cdi_marker_with_the_nodes_key(fake_driver: Any, kube
     from gpuhook.model.contract import PLUGIN_KEY
 
     state = tmp_path / "records"
+    state.mkdir()  # as the DaemonSet's hostPath makes it
     with running(fake_driver, kubelet, Options(list_strategies=ALL_STRATEGIES), hook_state_dir=str(state)):
         kubelet.wait_registrations(1)
         ids = [d.ID for d in kubelet.stream().first().devices]

@@ -35,6 +35,7 @@ def ignored_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
 def test_allocated_gpu_reaches_a_containerd_1_6_container(fake_driver: Any, kubelet: TestKubelet,
                                                           tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     state = tmp_path / "state"  # the nodes' state-dir and the plugin's --hook-state-dir, as the DaemonSet has it
+    state.mkdir()
     config = tmp_path / "config.toml"
     config.write_text(f'driver-root = "{fake_driver.root}"\nproc-root = "{fake_driver.root}/proc"\n'
                       f'log-file = "{tmp_path}/gpuhook.log"\ninventory-cache = ""\nstate-dir = "{state}"\n')
