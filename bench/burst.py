@@ -6,7 +6,8 @@ legacy stack ("nvidia": nvidia-container-runtime-hook in front of nvidia-contain
 Per burst: the makespan (first start to last exit) and each start's wall time; overheads are against the no-hook
 burst of the same round (bursts interleaved round by round). Also the CPU time a start costs (runc, its hooks and
 everything they ran, from this process's reaped children; for "service", plus the service's own and its
-children's, ldconfig included): what a burst pays on a busy node. And the service's resident memory.
+children's, its warm workers still running included, ldconfig too): what a burst pays on a busy node. And the
+resident memory of the service and of its workers.
 
 The "nvidia" case runs NVIDIA's hook as its config FILE says, except that the driver root is this script's simulated
 driver and kernel modules are never loaded (`load-kmods = false`: loading them makes device nodes under the host's
@@ -71,10 +72,16 @@ def _cpu_children() -> float:
 
 
 def _cpu_of(proc: psutil.Process | None) -> float:
+    """CPU seconds of `proc` and everything under it: its own, its reaped children's, and those of the children
+    still running (the service's warm workers live across bursts: what they spent so far counts)."""
     if proc is None:
         return 0.0
-    t = proc.cpu_times()
-    return t.user + t.system + t.children_user + t.children_system
+    try:
+        t = proc.cpu_times()
+        kids = proc.children()
+    except psutil.NoSuchProcess:
+        return 0.0
+    return t.user + t.system + t.children_user + t.children_system + sum(_cpu_of(kid) for kid in kids)
 
 
 def burst(work: Path, template: Path, kind: str, hook: dict[str, object] | None, starts: int,
@@ -182,6 +189,7 @@ def bench(args: argparse.Namespace) -> None:
             if args.nvidia_hook:
                 lone = lone_starts(work, template, hooks, args.runs, args.seed)
             rss = service.memory_full_info()
+            workers = [kid.memory_full_info() for kid in service.children()]
         finally:
             running.stop()
         log = (work / "gpuhook.log").read_text() if (work / "gpuhook.log").exists() else ""
@@ -198,7 +206,9 @@ def bench(args: argparse.Namespace) -> None:
         rows += [row(f"{kind}: {what}", samples) for what, samples in zip(OVER, over[kind])]
     rows.append(row("none: makespan (ms)", [r[0] for r in results["none"]]))
     print_table(f"{starts} runc starts, {AT_ONCE} at a time, 1 GPU of {GPUS} ({args.runs} bursts per case)", rows)
-    print(f"service resident memory: RSS {rss.rss / 2**20:.1f} MiB, USS {rss.uss / 2**20:.1f} MiB; "
+    print(f"service resident memory: RSS {rss.rss / 2**20:.1f} MiB, USS {rss.uss / 2**20:.1f} MiB; its "
+          f"{len(workers)} warm workers: PSS {sum(w.pss for w in workers) / 2**20:.1f} MiB, USS "
+          f"{sum(w.uss for w in workers) / 2**20:.1f} MiB in all; "
           f"starts through the service that fell back in-process: {fell_back}")
     compared = []
     if args.nvidia_hook:
@@ -212,7 +222,9 @@ def bench(args: argparse.Namespace) -> None:
         print_table(f"gpuhook service vs NVIDIA's legacy hook ({args.runs} rounds; the % rows are per-round ratios, "
                     "rounds where NVIDIA's overhead was not positive left out)", compared)
     write_json(args, {"starts": starts, "at_once": AT_ONCE, "rows": rows, "compared": compared,
-                      "rss_mib": rss.rss / 2**20, "uss_mib": rss.uss / 2**20, "fell_back": fell_back,
+                      "rss_mib": rss.rss / 2**20, "uss_mib": rss.uss / 2**20,
+                      "workers": len(workers), "workers_pss_mib": sum(w.pss for w in workers) / 2**20,
+                      "workers_uss_mib": sum(w.uss for w in workers) / 2**20, "fell_back": fell_back,
                       "nvidia_hook": args.nvidia_hook}, load_before)
 
 

@@ -17,7 +17,7 @@ Where tracefs is available (root), each start's hook process is also timed from 
 kernel's events (_trace.py): how long the runtime waited on it, free of podman's spread. Our hook's own share
 against the 6 ms is that time, service minus no-op hook, per round. The wall-time pair of the same two specs
 also holds what the hook leaves to the rest of the start (podman's teardown of the files it made, the
-service's next spare), which the 30 ms row covers.
+service's next worker forked ahead), which the 30 ms row covers.
 
 podman's own start spreads by more than the hook costs, so the container hook is also timed alone: the spec's
 own `cdi-hook update-container` command line run on a prepared bundle (a fresh busybox rootfs each round, the

@@ -40,8 +40,8 @@ PROBE = ("echo NODES $(ls /dev | grep nvidia | sort | tr '\\n' ' '); "
 
 
 def _of_the_service(proc: psutil.Process) -> bool:
-    """A child of the session's `gpuhook service` (service mode): its spare, forked ahead of the next start and
-    replaced after each one (server.py), whose pid changes with every GPU start by design."""
+    """A child of the session's `gpuhook service` (service mode): one of its warm workers, forked as starts need
+    them and kept between starts (server.py), whose number changes with the load by design."""
     try:
         parent = proc.parent()
         argv = parent.cmdline() if parent is not None else []

@@ -621,6 +621,7 @@ def in_process(root_tmp: Path, fake_driver: Any, monkeypatch: pytest.MonkeyPatch
         yield service
     finally:
         Forks.on = False
+        service.close()  # its workers end: an idle one at once, a busy one once its start is answered
 
 
 def serve(service: Any, argv: list[str], body: bytes) -> tuple[int, str]:
@@ -691,11 +692,11 @@ def test_a_cdi_hook_through_the_service_is_the_in_process_one(native: Path, root
         script = native.with_name(native.name + ".py")
         kept = script.read_text()
         no_fallback(native, root_tmp / "fallback-ran")
-        spare = _one_waiting_child(psutil.Process(running.proc.pid))
+        worker = _one_waiting_child(psutil.Process(running.proc.pid))
         served = _cdi_hook_start(root_tmp, native, running.sock, args, "served")
         assert served.returncode == 0, served.stderr
         assert not (root_tmp / "fallback-ran").exists()
-        assert _gone(spare)  # it ran it
+        assert _gone(worker)  # it ran it, and a worker that ran a call whole ends
         failed = _cdi_hook_start(root_tmp, native, running.sock, ["update-container", "--folder", "/opt/lib",
                                                                   "--ldconfig-path", "/nonexistent"], "failed")
         assert failed.returncode != 0 and "gpuhook: cannot open ldconfig /nonexistent" in failed.stderr
@@ -916,25 +917,27 @@ def test_a_command_whose_client_gave_up_does_nothing(in_process: Any, root_tmp: 
     assert not marker.exists()
 
 
-# --- the spare: the next start's child, forked ahead while the service is idle ------------------------------------
+# --- warm workers: a child that runs one start at a time and comes back for the next -------------------------------
 
 
-def _dead_process_start(service: Any, root_tmp: Path, cid: str) -> tuple[int, str, list[int]]:
-    """A GPU start planned by the parent and failed by whoever takes it over, at its first step (the state's pid
-    names a process gone since, and no /proc/<pid> descriptor came to vet it before): the answer, and the child
-    (spare or forked) that took it."""
+def _dead_process_start(service: Any, root_tmp: Path, cid: str, go: bool = True) -> tuple[int, str, list[int]]:
+    """A GPU start planned by the parent and failed by whoever takes it over, right after TAKING and the client's GO
+    (the state's pid names a process gone since, and no /proc/<pid> descriptor came to vet it before): the answer,
+    and the child (a worker or one forked for it) that took it. Without `go` the client hangs up at TAKING (it runs
+    the start itself): (TAKING, "", that child), and the child leaves without touching anything."""
     gone = subprocess.Popen(["sleep", "30"])
     gone.kill()
     gone.wait()
     body = state(plain_bundle(root_tmp, ["NVIDIA_VISIBLE_DEVICES=all"]), cid=cid, pid=gone.pid)
-    return _child_answer(service, ["--config", str(root_tmp / "config.toml")], body)
+    return _child_answer(service, ["--config", str(root_tmp / "config.toml")], body, go=go)
 
 
-def _child_answer(service: Any, argv: list[str], body: bytes,
-                  before_state: Callable[[], None] | None = None) -> tuple[int, str, list[int]]:
-    """A request the service gives to a child (the spare or one forked for it): the answer, and that child. With
-    `before_state`, the header goes alone (protocol's `later`): serve_one must return without the state, and
-    before_state() runs before the state follows."""
+def _child_answer(service: Any, argv: list[str], body: bytes, before_state: Callable[[], None] | None = None,
+                  go: bool = True) -> tuple[int, str, list[int]]:
+    """A request the service gives to a child (a worker, or one forked for it): the answer, and that child, once it
+    is done with the start (_settle). With `before_state`, the header goes alone (protocol's `later`): serve_one
+    must return without the state, and before_state() runs before the state follows. Without `go`: see
+    _dead_process_start."""
     client, server = _pair()
     with client, server:
         protocol.send_request(client, argv, b"" if before_state else body, later=before_state is not None)
@@ -946,22 +949,44 @@ def _child_answer(service: Any, argv: list[str], body: bytes,
             before_state()
             client.sendall(protocol.encode_late_state(body))
         client.settimeout(30)
-        code, line, _ = protocol.recv_answer(client)  # TAKING, our GO, then the answer
-        while set(took) & set(service.children):  # the child answered and ends; reaped, its connection's last
-            service.reap(block=True)  # copy here is closed (a dead spare may be reaped first)
+        if go:
+            code, line, _ = protocol.recv_answer(client)  # TAKING, our GO, then the answer
+        else:
+            code, line, _ = protocol.recv_answer(client, go=False)
+            client.close()
+        _settle(service, took)
         return code, line, took
 
 
+def _settle(service: Any, pids: list[int]) -> None:
+    """Until none of `pids` runs a start: a worker's READY read (it stays, idle), or its end and any child's
+    reaped, so that its connection's last copy here is closed."""
+    import select
+
+    deadline = time.monotonic() + 30
+    while set(pids) & set(service.children):
+        assert time.monotonic() < deadline, f"{pids} still run a start"
+        busy = [w for w in list(service.workers.values()) if w.busy]
+        if busy:
+            select.select([w.sock for w in busy], [], [], 0.05)
+            for worker in busy:
+                if worker.pid in service.workers:
+                    service._worker_said(worker.pid)
+        else:
+            time.sleep(0.01)
+        service.reap()
+
+
 @pytest.mark.parametrize("later", [False, True], ids=["state-with-header", "state-later"])
-def test_a_cdi_hook_is_handed_to_the_spare_whole(in_process: Any, root_tmp: Path, later: bool) -> None:
-    """A CDI createContainer hook (a call run whole in a child, _serve_in_child) goes to a waiting spare too: no
-    fork at that moment, the spare makes the link in the container's rootfs and answers; without a spare, a child
-    forked for it does the same. With its state after its header (`later`), the service hands the connection on
-    at once (its accept loop never waits on a runtime) and the child does nothing before the state is whole."""
+def test_a_cdi_hook_is_handed_to_an_idle_worker_whole(in_process: Any, root_tmp: Path, later: bool) -> None:
+    """A CDI createContainer hook (a call run whole in a child, _serve_in_child) goes to an idle worker too: no fork
+    at that moment, the worker makes the link in the container's rootfs, answers, and ends (nothing a call run in
+    its client's files read stays for the next); with no idle worker, a child forked for it does the same. With its
+    state after its header (`later`), the service hands the connection on at once (its accept loop never waits on
+    a runtime) and the child does nothing before the state is whole."""
     bundle = plain_bundle(root_tmp, [])
     rootfs = bundle / "rootfs"
-    in_process._fork_spare()
-    spare_pid = in_process.spare[0]
+    worker = in_process._fork_worker(ahead=True).pid
     answers = []
     for n in (1, 2):
         link = rootfs / f"opt/libmarker{n}.so"
@@ -973,8 +998,9 @@ def test_a_cdi_hook_is_handed_to_the_spare_whole(in_process: Any, root_tmp: Path
         args = ["cdi-hook", "create-symlinks", "--link", f"libmarker.so.{n}::/opt/libmarker{n}.so"]
         answers.append(_child_answer(in_process, args, state(bundle, cid=f"cdi{n}", pid=os.getpid()),
                                      nothing_yet if later else None))
-    assert answers[0] == (0, "", [spare_pid]) and Forks.count == 2  # the spare, then one fork for the second
-    assert answers[1][:2] == (0, "") and answers[1][2] != [spare_pid]
+    assert answers[0] == (0, "", [worker]) and Forks.count == 2  # the worker, then one fork for the second
+    assert answers[1][:2] == (0, "") and answers[1][2] != [worker]
+    assert _gone(worker) and not in_process.workers
     assert [os.readlink(rootfs / f"opt/libmarker{n}.so") for n in (1, 2)] == ["libmarker.so.1", "libmarker.so.2"]
 
 
@@ -994,75 +1020,84 @@ def test_only_a_cdi_hook_may_send_its_state_later(in_process: Any, root_tmp: Pat
     assert Forks.count == 0 and not in_process.children
 
 
-def test_a_spare_never_runs_a_whole_call_without_the_clients_namespace(in_process: Any, root_tmp: Path) -> None:
+def test_a_worker_never_runs_a_whole_call_without_the_clients_namespace(in_process: Any, root_tmp: Path) -> None:
     """A hand-off whose descriptors do not match what it says it carries (a client namespace announced, none
-    sent) is refused by the spare in one line: a call is never run in a namespace other than its client's."""
+    sent) is refused by the worker in one line, and the worker ends: a call is never run in a namespace other
+    than its client's."""
     import pickle
 
-    in_process._fork_spare()
-    pid, sock = in_process.spare
+    worker = in_process._fork_worker()
     client, server = _pair()
     with client, server:
         message = pickle.dumps((True, ["cdi-hook", "create-symlinks"], None, b"{}", time.monotonic(), False, True,
-                                None, ([], [], "", "", []), False))
-        socket.send_fds(sock, [message], [server.fileno()])
-        in_process._drop_spare()
+                                None, ([], [], "", "", []), False, None))
+        socket.send_fds(worker.sock, [message], [server.fileno()])
         server.close()
-        os.waitpid(pid, 0)
+        _, status = os.waitpid(worker.pid, 0)
         code, line, _ = protocol.recv_answer(client)
-    assert code == 1 and line == "gpuhook-hook: service: the spare got 1 descriptors for a start that has 2"
+    in_process._let_go(worker)
+    assert code == 1 and line == "gpuhook-hook: service: the worker got 1 descriptors for a start that has 2"
+    assert os.waitstatus_to_exitcode(status) == 0
 
 
-def test_a_start_is_handed_to_the_spare_and_answered_by_it(in_process: Any, root_tmp: Path) -> None:
-    """With a spare waiting, a start that touches a container is handed over (its connection, the request and the
-    plan): no fork at that moment, the spare recorded as the start's child, its answer the one the fork path
-    gives for the same request; the spare is used up."""
-    in_process._fork_spare()
-    assert Forks.count == 1 and in_process.spare is not None
-    spare_pid = in_process.spare[0]
-    assert psutil.Process(spare_pid).ppid() == os.getpid()
-    code, line, took = _dead_process_start(in_process, root_tmp, "spare")
-    assert Forks.count == 1, "the parent forked although a spare was waiting"
-    assert in_process.spare is None and took == [spare_pid]
-    forked_code, forked_line, _ = _dead_process_start(in_process, root_tmp, "forked")  # no spare: a fork for it
-    assert Forks.count == 2
+def test_a_start_is_handed_to_a_worker_and_answered_by_it(in_process: Any, root_tmp: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a worker idle, a start that touches a container is handed over (its connection, the request and the
+    plan): no fork at that moment, the worker recorded as the start's child, its answer the one a child forked for
+    the same request gives (no worker may be forked: MAX_WORKERS 0). A start that failed ends its worker."""
+    from gpuhook.service import server
+
+    worker = in_process._fork_worker(ahead=True).pid
+    assert Forks.count == 1 and psutil.Process(worker).ppid() == os.getpid()
+    code, line, took = _dead_process_start(in_process, root_tmp, "worker")
+    assert Forks.count == 1, "the parent forked although a worker was idle"
+    assert took == [worker] and _gone(worker) and not in_process.workers
+    monkeypatch.setattr(server, "MAX_WORKERS", 0)
+    forked_code, forked_line, forked = _dead_process_start(in_process, root_tmp, "forked")
+    assert Forks.count == 2 and forked != [worker] and not in_process.workers
     same = [re.sub(r"/proc/[0-9]+/", "/proc/N/", text) for text in (line, forked_line)]
     assert code == forked_code == 1 and same[0] == same[1] and "/proc/N/cgroup" in same[0], (line, forked_line)
     log = (root_tmp / "gpuhook.log").read_text()
-    assert " spare error: " in log and " forked error: " in log
+    assert " worker error: " in log and " forked error: " in log
 
 
-def test_a_spare_that_died_leaves_the_start_to_a_fork(in_process: Any, root_tmp: Path) -> None:
-    """A spare killed while waiting (not yet reaped): the hand-off cannot go, so the parent forks for the start,
-    which is done once; a spare that dies waiting is reaped, and the next one waits SPARE_RETRY_S."""
-    import signal
+def test_a_worker_comes_back_for_the_next_start(in_process: Any, root_tmp: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A start its client took back (no GO) leaves its worker clean: it says READY, is idle again, and takes the next
+    start, whose plan (made after the worker was forked) it was sent whole the first time and now gets by number."""
+    sent: list[bytes] = []
+    send_fds = socket.send_fds
 
-    from gpuhook.service import server
+    def recording(sock: socket.socket, buffers: list[bytes], fds: list[int], *rest: Any) -> int:
+        sent.append(bytes(buffers[0]))
+        return send_fds(sock, buffers, fds, *rest)
 
-    in_process._fork_spare()
-    pid = in_process.spare[0]
-    os.kill(pid, signal.SIGKILL)
-    _until_zombie(pid)
-    code, line, took = _dead_process_start(in_process, root_tmp, "handoff-failed")
-    assert Forks.count == 2 and in_process.spare is None and took != [pid]
-    while in_process.spent:
-        in_process.reap(block=True)
-    assert code == 1 and line.startswith("gpuhook-hook: "), line
-    assert (root_tmp / "gpuhook.log").read_text().count(" handoff-failed error: ") == 1
-    assert not in_process.spent and not in_process.children
-
-    in_process._fork_spare()
-    pid = in_process.spare[0]
-    os.kill(pid, signal.SIGKILL)
-    _until_zombie(pid)
-    before = time.monotonic()
-    in_process.reap()
-    assert in_process.spare is None and in_process.spare_after >= before + server.SPARE_RETRY_S
+    monkeypatch.setattr(socket, "send_fds", recording)
+    worker = in_process._fork_worker(ahead=True).pid  # before any plan
+    code, _, took = _dead_process_start(in_process, root_tmp, "taken-back", go=False)
+    assert code == protocol.TAKING and Forks.count == 1 and list(in_process.workers) == took == [worker]
+    assert not in_process.workers[took[0]].busy and not in_process.children and not _gone(took[0])
+    code, line, again = _dead_process_start(in_process, root_tmp, "by-number")
+    assert again == took and Forks.count == 1, "the idle worker did not take the next start"
+    assert len(sent) == 2 and len(sent[1]) * 2 < len(sent[0]), [len(m) for m in sent]
+    whole, by_number = (in_process._unpickled(m)[7] for m in sent)
+    assert by_number.edits is next(iter(in_process._plans.values()))[2].edits and by_number.edits == whole.edits
+    assert code == 1 and "/cgroup" in line, line
+    log = (root_tmp / "gpuhook.log").read_text()
+    assert " taken-back " not in log and log.count(" by-number error: ") == 1
 
 
-def test_a_plan_the_spare_already_has_is_handed_over_by_number(in_process: Any, root_tmp: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    """A start whose plan was remembered before the spare was forked hands its edits over by number (the spare's
+def test_a_decided_start_with_no_idle_worker_gets_a_worker_forked_for_it(in_process: Any, root_tmp: Path) -> None:
+    """No worker idle and room for one (MAX_WORKERS): the start's fork is a worker, which stays for the next."""
+    _, _, took = _dead_process_start(in_process, root_tmp, "first", go=False)
+    assert Forks.count == 1 and list(in_process.workers) == took and not in_process.workers[took[0]].busy
+    _, _, again = _dead_process_start(in_process, root_tmp, "second", go=False)
+    assert again == took and Forks.count == 1
+
+
+def test_a_plan_remembered_before_a_worker_was_forked_goes_by_number(in_process: Any, root_tmp: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A start whose plan was remembered before its worker was forked hands its edits over by number (the worker's
     copy of that plan), not whole; one remembered after the fork goes whole. Both arrive as the same edits, and
     both starts are answered alike."""
     sent: list[bytes] = []
@@ -1073,9 +1108,9 @@ def test_a_plan_the_spare_already_has_is_handed_over_by_number(in_process: Any, 
         return send_fds(sock, buffers, fds, *rest)
 
     monkeypatch.setattr(socket, "send_fds", recording)
-    in_process._fork_spare()  # forked before any plan: the first start's plan goes whole
+    in_process._fork_worker(ahead=True)  # forked before any plan: the first start's plan goes whole
     first = _dead_process_start(in_process, root_tmp, "whole")
-    in_process._fork_spare()  # forked after it: the same request's plan goes by number
+    in_process._fork_worker(ahead=True)  # forked after it: the same request's plan goes by number
     second = _dead_process_start(in_process, root_tmp, "by-number")
     assert len(sent) == 2 and len(sent[1]) * 2 < len(sent[0]), [len(m) for m in sent]
     whole, by_number = (in_process._unpickled(m)[7] for m in sent)
@@ -1085,23 +1120,108 @@ def test_a_plan_the_spare_already_has_is_handed_over_by_number(in_process: Any, 
     assert first[0] == second[0] == 1 and same[0] == same[1], (first, second)
 
 
-def test_the_next_spare_waits_until_the_start_before_it_is_over(in_process: Any, root_tmp: Path) -> None:
-    """A start's child that ended (the spare that took it) makes the next spare wait SPARE_IDLE_S: its fork and
-    page copies would otherwise take the CPU from the runtime still starting that container. The accept loop
-    sleeps no longer than that, so the spare is there for the next start; a dead spare's longer retry is kept."""
+def test_a_worker_that_died_leaves_the_start_to_a_fork(in_process: Any, root_tmp: Path) -> None:
+    """A worker killed while idle (not yet reaped): the hand-off cannot go, so the parent forks for the start,
+    which is done once; a worker that dies idle is reaped, and none is forked ahead for WORKER_RETRY_S."""
+    import signal
+
     from gpuhook.service import server
 
-    assert in_process._poll_ms() == 1000  # nothing pending: the loop's usual wait
-    in_process._fork_spare()
-    before = time.monotonic()
-    _dead_process_start(in_process, root_tmp, "then-idle")
-    assert in_process.spare is None and not in_process.children
-    assert before + server.SPARE_IDLE_S <= in_process.spare_after <= time.monotonic() + server.SPARE_IDLE_S
-    assert 1 <= in_process._poll_ms() <= int(server.SPARE_IDLE_S * 1000) + 1
+    pid = in_process._fork_worker(ahead=True).pid
+    os.kill(pid, signal.SIGKILL)
+    _until_zombie(pid)
+    code, line, took = _dead_process_start(in_process, root_tmp, "handoff-failed")
+    assert Forks.count == 2 and took != [pid] and pid not in in_process.workers
+    while in_process.spent:
+        in_process.reap(block=True)
+    assert code == 1 and line.startswith("gpuhook-hook: "), line
+    assert (root_tmp / "gpuhook.log").read_text().count(" handoff-failed error: ") == 1
+    assert not in_process.spent and not in_process.children
 
-    in_process.spare_after = retry = time.monotonic() + server.SPARE_RETRY_S  # a spare died waiting meanwhile
-    _dead_process_start(in_process, root_tmp, "forked")
-    assert in_process.spare_after == retry and in_process._poll_ms() == 1000
+    pid = in_process._fork_worker(ahead=True).pid
+    os.kill(pid, signal.SIGKILL)
+    _until_zombie(pid)
+    before = time.monotonic()
+    in_process.reap()
+    assert not in_process.workers and in_process.ahead_after >= before + server.WORKER_RETRY_S
+    assert not in_process._ahead_due()
+
+
+def test_no_idle_worker_and_no_room_for_one_forks_a_child(in_process: Any, root_tmp: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """At MAX_WORKERS, all busy, a start gets a child of its own (one start, then it exits); the workers stay."""
+    from gpuhook.service import server
+
+    monkeypatch.setattr(server, "MAX_WORKERS", 1)
+    worker = in_process._fork_worker(ahead=True)
+    worker.busy = True  # as if it ran another start
+    _, _, took = _dead_process_start(in_process, root_tmp, "overflow")
+    assert took != [worker.pid] and Forks.count == 2 and list(in_process.workers) == [worker.pid]
+    worker.busy = False
+
+
+def test_idle_workers_but_the_last_end_after_worker_idle_s(in_process: Any) -> None:
+    """Of the idle workers, those idle for WORKER_IDLE_S end, all but the most recently used: a node at rest keeps
+    one worker; a busy one is never let go for it."""
+    from gpuhook.service import server
+
+    first, second, third = (in_process._fork_worker() for _ in range(3))
+    first.idle_since -= server.WORKER_IDLE_S
+    second.idle_since -= server.WORKER_IDLE_S + 1
+    third.busy = True
+    third.idle_since -= server.WORKER_IDLE_S + 2
+    in_process._retire_idle()
+    assert list(in_process.workers) == [first.pid, third.pid]
+    first.idle_since -= 5  # now the only idle one: kept however long it waits
+    in_process._retire_idle()
+    assert list(in_process.workers) == [first.pid, third.pid]
+    third.busy = False
+    os.waitpid(second.pid, 0)  # it read its socket's end and exited
+
+
+def test_a_worker_goes_back_home_clean_or_not_at_all(tmp_path: Path) -> None:
+    """_Home.back in a forked child: after joining a private copy of its mount namespace (as a start's ldconfig
+    view does) and changing its cwd and umask it is home again and clean; a descriptor left open, or a child left,
+    makes it not clean."""
+    from gpuhook import _native
+    from gpuhook.service.server import _Home
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root: unshare(CLONE_NEWNS) and setns")
+    result = tmp_path / "result"
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            cwd, mask = os.getcwd(), home_umask()
+            home = _Home()
+            ns = os.stat("/proc/self/ns/mnt").st_ino
+            _native.unshare(_native.CLONE_NEWNS)
+            os.chdir(tmp_path)
+            os.umask(0o077)
+            moved = os.stat("/proc/self/ns/mnt").st_ino != ns
+            clean = home.back()
+            back = [os.stat("/proc/self/ns/mnt").st_ino == ns, os.getcwd() == cwd, home_umask() == mask]
+            fd = os.open("/", os.O_RDONLY)
+            with_fd = home.back()
+            os.close(fd)
+            child = subprocess.Popen(["sleep", "30"])
+            with_child = home.back()
+            child.kill()
+            child.wait()
+            result.write_text(json.dumps([moved, clean, *back, with_fd, with_child, home.back()]))
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert json.loads(result.read_text()) == [True, True, True, True, True, False, False, True]
+
+
+def home_umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _until_zombie(pid: int) -> None:
@@ -1144,11 +1264,11 @@ def test_own_pages_makes_a_forked_child_own_what_it_shared(tmp_path: Path) -> No
 
 
 @pytest.mark.e2e
-def test_the_running_service_keeps_a_spare_and_replaces_it_after_each_start(native: Path, root_tmp: Path,
-                                                                           fake_driver: Any) -> None:
-    """The real service: idle, it has one child waiting (the spare); a GPU start through the native entry is
-    done by that very child (it is gone after, and the container is the fallback's), and a new spare waits again;
-    at stop no child is left."""
+def test_the_running_service_keeps_a_warm_worker_across_starts(native: Path, root_tmp: Path,
+                                                               fake_driver: Any) -> None:
+    """The real service: idle, it has one child waiting (a worker forked ahead); GPU starts through the native entry
+    are done by that very worker, one after the other (it is still the one child after each, and each container is
+    the fallback's); at stop no child is left."""
     need_tool("runc")
     need_busybox()
     config = write_config(root_tmp, Path(fake_driver.root))
@@ -1157,17 +1277,16 @@ def test_the_running_service_keeps_a_spare_and_replaces_it_after_each_start(nati
     running = start_service(root_tmp, config)
     try:
         service = psutil.Process(running.proc.pid)
-        first = _one_waiting_child(service)
+        worker = _one_waiting_child(service)
         no_fallback(native, root_tmp / "fallback-ran")
-        served = _runc_start(root_tmp, native, config, running.sock, env, "served")
-        assert served.returncode == 0, served.stderr
-        assert _gone(first)
-        second = _one_waiting_child(service)
-        assert second != first
+        served = [_runc_start(root_tmp, native, config, running.sock, env, f"served{n}") for n in (1, 2)]
+        assert [s.returncode for s in served] == [0, 0], [s.stderr for s in served]
+        assert _one_waiting_child(service) == worker and not _gone(worker)
     finally:
         running.stop()
-    assert served.stdout == fallback.stdout and "nvidia1" in nodes(served.stdout)
-    assert _gone(second)
+    assert served[0].stdout == served[1].stdout == fallback.stdout and "nvidia1" in nodes(fallback.stdout)
+    assert (root_tmp / "gpuhook.log").read_text().count(" by=service") == 2
+    assert _gone(worker)
 
 
 def _gone(pid: int) -> bool:
@@ -1179,11 +1298,11 @@ def _gone(pid: int) -> bool:
 
 
 def _one_waiting_child(service: psutil.Process) -> int:
-    """The pid of the service's one child, once it has exactly one (the spare, forked when idle)."""
+    """The pid of the service's one child, once it has exactly one (a worker, forked ahead when idle)."""
     deadline = time.monotonic() + 10
     while True:
         children = [c for c in service.children() if not _gone(c.pid)]
         if len(children) == 1:
             return children[0].pid
-        assert time.monotonic() < deadline, f"the idle service has children {children}, not one spare"
+        assert time.monotonic() < deadline, f"the idle service has children {children}, not one worker"
         time.sleep(0.02)

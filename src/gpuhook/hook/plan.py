@@ -39,7 +39,7 @@ class Planned(Record):
 
 class Decided(Record):
     """What was decided for a container that gets GPUs, everything its injection needs and no more (the service's
-    spare takes it as the service made it, rather than reading the state, config.json and the request again;
+    worker takes it as the service made it, rather than reading the state, config.json and the request again;
     the plan's inventory stays behind: it was 29 KB of every hand-off for 1 GPU of 8)."""
 
     state_id: str

@@ -109,11 +109,12 @@ def run(state_text: bytes, config: Config, before_inject: Callable[[Decided], in
     Everything up to the plan (decide) only reads, so the service runs it in its resident process;
     `before_inject(decided)` is called right before a container is touched (never for one that asks for no GPU,
     nor for one refused while planning). Whoever passes it promises that the process it returns in is a
-    disposable child (the service forks one there, or hands the decision to its spare, which passes it here as
-    `decided` and so reads nothing again), which then joins the container's mount namespace itself instead of
-    forking once more for it. What it returns, when not None, is a descriptor of the container process's
-    /proc/<pid> directory to reach it through instead of the state's pid (the service's client opened it where
-    that pid means that process). `plan` is plan_request, or the service's memo of it."""
+    single-threaded child that may leave its mount namespace (one the service forks there, or its worker, which
+    gets the decision as `decided`, so reads nothing again, and goes back to its namespace itself after the
+    start), which then joins the container's mount namespace itself instead of forking once more for it. What it
+    returns, when not None, is a descriptor of the container process's /proc/<pid> directory to reach it through
+    instead of the state's pid (the service's client opened it where that pid means that process). `plan` is
+    plan_request, or the service's memo of it."""
     if decided is None:
         outcome = decide(state_text, config, plan)
         if isinstance(outcome, str):
@@ -121,7 +122,7 @@ def run(state_text: bytes, config: Config, before_inject: Callable[[Decided], in
         decided = outcome
     via_fd = before_inject(decided) if before_inject is not None else None
     recorded = ""  # written by whoever injects, from the host, before injecting (nothing before this point may
-    if decided.cdi_ignored:  # have an effect: the service decides, and its spare or a fork injects)
+    if decided.cdi_ignored:  # have an effect: the service decides, and its worker or a fork injects)
         from gpuhook.hook.cdiignored import note
 
         recorded = note(config.state_dir, decided.state_id, decided.cdi_ignored, decided.cdi_marker)
@@ -204,7 +205,7 @@ def handle(config_path: str | None, read_state: Callable[[], bytes], start: floa
 
     Every failure (OSError and bugs included) is one escaped, bounded line (errors.render), the same text in the
     log line; `load` reads the config (the service passes its warm one); `before_inject`, `plan` and `decided`
-    go to run (the service: fork or hand over there, its plan memo; its spare: the decision handed over). A
+    go to run (the service: fork or hand over there, its plan memo; its worker: the decision handed over). A
     BaseException that is no Exception (the service parent's word that a child took the start over) passes
     through, with nothing logged. `served`: who ran it, the log line's last field (`by=service`, or
     `by=in-process` with the native entry's reason for not asking the service: contract.SERVED_BY_ENV)."""

@@ -123,7 +123,7 @@ def apply_in_namespace(
     os.umask(0)
     # ldconfig needs the libraries and their links (ldcache.read_by_ldconfig); every other bind and link, the
     # cgroup's grant, the device nodes and /proc/driver/nvidia are made while it runs (a process that joined a
-    # container's namespace exists for that container alone: disposable)
+    # container's namespace is there for that container alone, so it may leave it for ldconfig's view: disposable)
     binds, binds_beside = _before_ldconfig([(sources[m.container_path], m.container_path, m.options)
                                             for m in edits.mounts])
     links, links_beside = _before_ldconfig([(link.target, link.link) for link in edits.symlinks])
@@ -163,8 +163,9 @@ def _ldconfig_running(root: RootFS, edits: ContainerEdits, ldconfig_fd: int) -> 
 def run_in_mount_namespace(pid: int, work: Callable[[], None], proc_root: str = "/proc", fork: bool = True) -> None:
     """Run `work` in a forked child that joined /proc/<pid>/ns/mnt; re-raise its failure as one line here.
 
-    With `fork=False` the calling process joins the namespace itself and never comes back to the host's: only a
-    single-threaded, disposable process may ask so (the service's child for one start), which saves a fork."""
+    With `fork=False` the calling process joins the namespace itself and does not come back to its own: only a
+    single-threaded process that may leave it may ask so (the service's child or worker for one start, which
+    goes back by itself: service/server.py _Home), which saves a fork."""
     try:
         ns_fd = os.open(f"{proc_root}/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
     except OSError as exc:
@@ -210,7 +211,8 @@ def inject(
     beside: Callable[[], None] | None = None,
 ) -> None:
     """Apply `edits` to the container whose init process is `pid` (prestart: namespaces exist, no pivot yet);
-    `fork=False`: run_in_mount_namespace's, for a disposable caller that may leave the host's namespace;
+    `fork=False`: run_in_mount_namespace's, for a caller that may leave its own namespace (the service's child or
+    worker);
     `beside`: apply_in_namespace's, run in the container's namespace while ldconfig runs."""
     userns_root = user_namespace_root(pid, host_proc_root)
     sources = dict(zip([m.container_path for m in edits.mounts],

@@ -394,8 +394,8 @@ OUTPUT_KEPT = 8192  # the tail of ldconfig's output kept for the one line of a f
 def running(rootfs: RootFS, folders: list[str], ldconfig_fd: int, disposable: bool = False) -> Iterator[None]:
     """Write the conf entry, start the host ldconfig (opened as `ldconfig_fd`) over the rootfs, run the with-block
     while it works, then wait for it and fail in one line if it failed; a with-block that raises has ldconfig
-    killed. `disposable`: the caller is a process that exists for this one container (it joined the container's
-    mount namespace, or is the container's own createContainer hook) and may leave that namespace for ldconfig's
+    killed. `disposable`: the caller is in the container's mount namespace for this container alone (it joined it
+    for this start, or is the container's own createContainer hook) and may leave that namespace for ldconfig's
     private view (_start): ldconfig then starts without a fork of the caller, which comes back to its namespace
     for the with-block; otherwise (or where /proc does not show that namespace) a forked child takes that step.
     The with-block must not touch what ldconfig writes: the ld configuration, the cache, its folders' links."""

@@ -12,15 +12,20 @@ Safety rules (docs/service.md):
   too long runs the call itself, and our child then leaves without touching anything;
 - the parent reads and decides (the state, config.json, the request, the plan: hook/prestart.run up to its
   before_inject), which only reads and is bounded, so a container without a GPU request costs one round trip;
-- each start that touches a container runs in a child forked for it (none when MAX_CHILDREN run: DECLINED), which
-  joins that container's mount namespace itself, so nothing one container does reaches the next; the parent has no
-  threads, so forking it is safe. While the service is idle one such child is forked ahead (the spare, SPARE_IDLE_S
-  after the start before it ended) and waits on a socket pair; the next prestart start that touches a container (its
-  runtime in our mount namespace) is handed to it (its connection and descriptors over SCM_RIGHTS, the request and
-  the decision made for it: prestart.Decided, whose edits go by number when the spare has them, _handed), which
-  spares that start the fork. The spare reads nothing again (nothing before the plan has an effect:
-  hook/prestart.run), so a spare forked before a change of config or driver does what the parent decided now; a
-  hand-off that fails leaves the request with the parent, which forks for it;
+- each start that touches a container runs in a child (none when MAX_CHILDREN run: DECLINED), which joins that
+  container's mount namespace itself; the parent has no threads, so forking it is safe. A prestart start from a
+  runtime in our mount namespace goes to a warm worker (up to MAX_WORKERS): a child forked once that runs one start
+  at a time, handed over on its socket pair (the connection and descriptors over SCM_RIGHTS, the request and the
+  decision made for it: prestart.Decided, whose edits go by number when the worker has them, _handed), then goes
+  back to our mount namespace, checks that nothing of that start is left in it (_Home.back: its root, cwd, umask,
+  descriptors, children, threads) and says READY; anything else, and a start that failed, ends the worker
+  (WORKER_USES starts at most). A worker saves each start the fork and the copy-on-write faults of a fresh child,
+  about half of what a start costs the service. Workers read nothing again (nothing before the plan has an effect:
+  hook/prestart.run), so one forked before a change of config or driver does what the parent decided now. A call run
+  whole (a client in another mount namespace, a CDI hook) is handed to an idle worker too, which then ends: nothing
+  that call read in its client's files stays for the next. With no worker to be had the parent forks a child for the
+  start (one start, then it exits); a hand-off that fails leaves the request with the parent, which forks for it.
+  While the service is idle one worker is forked ahead (and the oldest idle ones end after WORKER_IDLE_S);
 - a child keeps running when the parent dies: an accepted request is answered (the client never retries it).
 """
 
@@ -71,9 +76,15 @@ MAX_PENDING_PER_PEER = 32  # the same, from one pinned process
 MAX_ACCEPTS = 64  # connections accepted per turn of the loop, so that reading the ones accepted keeps up
 GO_WAIT_S = 2.0  # a child that sent TAKING waits this long for GO, then leaves untouched (the client gave up)
 REFUSAL_LOG_S = 1.0  # at most one line a second about refused peers (a flood must not flood the journal)
-SPARE_MESSAGE = 256 << 10  # the largest request handed to the spare (a bigger state: the parent forks for it)
-SPARE_RETRY_S = 5.0  # a spare that died waiting is forked again this much later, never in a loop
-SPARE_IDLE_S = 0.02  # after a start's child ended, the next spare is forked this much later (Service.reap)
+MAX_WORKERS = 8  # warm workers at most; a start that finds none idle gets a worker forked for it while fewer run,
+# else a child of its own
+WORKER_USES = 1024  # starts a worker runs before it ends (whatever one start may leave in it stays bounded)
+WORKER_KEPT_PLANS = 64  # plans a worker keeps of those sent to it whole, to have them by number next time
+WORKER_IDLE_S = 60.0  # an idle worker other than the last one ends after this long without a start
+WORKER_MESSAGE = 256 << 10  # the largest request handed to a worker (a bigger state: the parent forks for it)
+WORKER_RETRY_S = 5.0  # after a worker died waiting, none is forked ahead for this long, never in a loop
+WORKER_AHEAD_S = 0.02  # after a start's child ended, a worker is forked ahead this much later (Service.reap)
+READY = b"R"  # a worker's word that it is back, clean, for the next start
 STOP_WAIT_S = 10.0  # on SIGTERM, how long to let running children finish before exiting anyway
 # What every start needs, imported once here instead of in each forked child.
 WARM_MODULES = ("json", "fcntl", "gpuhook.hook.plan", "gpuhook.inject.apply", "gpuhook.inject.devcgroup",
@@ -82,7 +93,7 @@ WARM_MODULES = ("json", "fcntl", "gpuhook.hook.plan", "gpuhook.inject.apply", "g
 
 
 class _ByNumber(pickle.Pickler):
-    """Pickles `edits` as the persistent id `serial` (the spare's copy of that plan's edits: _Known)."""
+    """Pickles `edits` as the persistent id `serial` (the worker's copy of that plan's edits: _Known)."""
 
     def __init__(self, out: io.BytesIO, edits: object, serial: int) -> None:
         super().__init__(out, protocol=pickle.HIGHEST_PROTOCOL)
@@ -102,7 +113,7 @@ class _Known(pickle.Unpickler):
     def persistent_load(self, pid: object) -> ContainerEdits:
         found = self.edits.get(pid) if isinstance(pid, int) else None
         if found is None:
-            raise ServiceError(f"the spare has no plan numbered {clip(repr(pid))}")
+            raise ServiceError(f"the worker has no plan numbered {clip(repr(pid))}")
         return found
 
 
@@ -116,6 +127,60 @@ class _NotTaken(BaseException):  # noqa: N818 - not an error: the client runs th
 
 class _Declined(BaseException):  # noqa: N818 - not an error: the service is at its bound
     """Raised where no child can be had for a start (MAX_CHILDREN): the client is answered DECLINED."""
+
+
+class _Worker:
+    """A warm worker as the parent sees it: its pid, our end of its socket pair, the plans it has by number (those
+    remembered before its fork, numbered below `forked_at`, and those sent to it whole: `sent`), whether it runs a
+    start now, and since when it is idle."""
+
+    __slots__ = ("pid", "sock", "forked_at", "sent", "busy", "idle_since")
+
+    def __init__(self, pid: int, sock: socket.socket, forked_at: int) -> None:
+        self.pid, self.sock, self.forked_at = pid, sock, forked_at
+        self.sent: set[int] = set()
+        self.busy = False
+        self.idle_since = time.monotonic()
+
+    def knows(self, serial: int) -> bool:
+        return serial < self.forked_at or serial in self.sent
+
+
+def _identity(path: str) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_dev, st.st_ino
+
+
+class _Home:
+    """A worker's own state, taken before its first start: its mount namespace, root, cwd, umask, descriptors.
+    back() returns there after a start (which joined a container's mount namespace, or a private copy of it for
+    ldconfig) and says whether nothing of that start is left: no other descriptor, child or thread."""
+
+    def __init__(self) -> None:
+        self.ns = os.open("/proc/thread-self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+        self.cwd = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        self.umask = os.umask(0o022)
+        os.umask(self.umask)
+        self.root, self.ns_id = _identity("/"), _identity("/proc/thread-self/ns/mnt")
+        self.fds = sorted(os.listdir("/proc/self/fd"))
+
+    def back(self) -> bool:
+        from gpuhook import _native
+
+        try:
+            _native.setns(self.ns, _native.CLONE_NEWNS)  # root and cwd become that namespace's root: ours again
+            os.fchdir(self.cwd)
+            os.umask(self.umask)
+            if _identity("/") != self.root or _identity("/proc/thread-self/ns/mnt") != self.ns_id:
+                return False
+            if sorted(os.listdir("/proc/self/fd")) != self.fds or len(os.listdir("/proc/self/task")) != 1:
+                return False
+            os.waitpid(-1, os.WNOHANG)  # a child left, running or ended: not clean
+        except ChildProcessError:
+            return True
+        except OSError:
+            return False
+        return False
 
 
 class _Pending:
@@ -274,11 +339,11 @@ class Service:
             importlib.import_module(name)
         cache.keep_warm()
         self._configs: dict[str | None, tuple[tuple[int, ...], Config]] = {}
-        # each remembered plan with its serial number: a spare forked after a plan was remembered has its own
+        # each remembered plan with its serial number: a worker forked after a plan was remembered has its own
         # copy of it, so a start with that plan hands its edits over by number (_handed)
         self._plans: dict[tuple[int, str, Request], tuple[Config, Inventory, Planned, int]] = {}
         self._next_serial = 0
-        self._spare_knows = 0  # the plans numbered below this were remembered when the spare was forked
+        self._worker_plans: dict[int, ContainerEdits] = {}  # in a worker: the plans sent to it whole, by number
         config = self.load(config_path)
         self.socket_path = os.path.abspath(socket_path(given_socket))
         with contextlib.suppress(Exception):  # the inventory of its own config, scanned before the first start
@@ -286,9 +351,10 @@ class Service:
         self.commands = dict(commands or {})
         self.children: dict[int, socket.socket] = {}  # pid -> its client's connection, kept to word a death
         self.late: set[int] = set()  # the children that wait on a late state (MAX_LATE)
-        self.spare: tuple[int, socket.socket] | None = None  # the child forked ahead, and our end of its socket pair
-        self.spent: set[int] = set()  # spares let go (their socket closed) and not reaped yet
-        self.spare_after = 0.0  # time.monotonic() before which no spare is forked (one died waiting)
+        self.workers: dict[int, _Worker] = {}  # pid -> a warm worker (a busy one is in children too)
+        self._worker_fds: dict[int, int] = {}  # its socket's fd -> its pid, for the loop's events
+        self.spent: set[int] = set()  # workers let go (their socket closed) and not reaped yet
+        self.ahead_after = 0.0  # time.monotonic() before which no worker is forked ahead
         self._wakeup: tuple[int, int] | None = None  # SIGCHLD's self-pipe (signal.set_wakeup_fd)
         self.listener: socket.socket | None = None
         self.bound = False
@@ -362,8 +428,8 @@ class Service:
         self._epoll.register(self._wakeup[0], select.EPOLLIN)
         print(f"gpuhook service: listening on {self.socket_path}", file=sys.stderr, flush=True)
         while not self.stopping:
-            if self.spare is None and not self.children and time.monotonic() >= self.spare_after:
-                self._fork_spare()  # idle: the next start's child, forked ahead
+            if self._ahead_due():
+                self._fork_worker(ahead=True)  # idle: the next start's worker, forked ahead
             try:
                 events = self._epoll.poll(self._poll_ms() / 1000)
             except InterruptedError:
@@ -376,10 +442,13 @@ class Service:
                 elif fd == self.listener.fileno():
                     if not self.stopping:
                         self._accept_ready()
+                elif fd in self._worker_fds:
+                    self._worker_said(self._worker_fds[fd])
                 else:
                     self._readable(fd)
             self.reap()
             self._expire()
+            self._retire_idle()
         for fd in list(self.pending):
             self._drop_pending(fd).conn.close()
         self.close()
@@ -512,15 +581,21 @@ class Service:
         self._refused_at, self._refused_quiet = now, 0
 
     def _poll_ms(self) -> int:
-        """How long the loop may wait: until the spare is due (spare_after) or the next request's deadline, else
-        a second."""
+        """How long the loop may wait: until a worker is due ahead (ahead_after) or the next request's deadline,
+        else a second."""
         wait, now = 1000, time.monotonic()
-        if self.spare is None and not self.children and self.spare_after > now:
-            wait = min(wait, int((self.spare_after - now) * 1000) + 1)
+        if not self.workers and not self.children and self.ahead_after > now:
+            wait = min(wait, int((self.ahead_after - now) * 1000) + 1)
         if self.pending:
             first = min(p.deadline for p in self.pending.values())
             wait = min(wait, max(0, int((first - now) * 1000) + 1))
         return wait
+
+    def _ahead_due(self) -> bool:
+        """Whether to fork a worker ahead now: the service is idle (no start in any child), has no idle worker,
+        room for one more, and ahead_after has passed."""
+        return not self.children and len(self.workers) < MAX_WORKERS and time.monotonic() >= self.ahead_after \
+            and not any(not w.busy for w in self.workers.values())
 
     def _stop(self, _sig: int, _frame: object) -> None:
         self.stopping = True
@@ -532,10 +607,11 @@ class Service:
                     os.unlink(self.socket_path)
             self.listener.close()
             self.listener = None
-        if self.spare is not None:  # idle, it holds no start: ended now, not once its page copies are done and it
-            with contextlib.suppress(ProcessLookupError):  # reads its socket's end (the service gone by then)
-                os.kill(self.spare[0], signal.SIGKILL)
-        self._let_spare_go()
+        for worker in list(self.workers.values()):  # an idle one holds no start: ended now, not once its page
+            if not worker.busy:  # copies are done and it reads its socket's end (the service gone by then)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(worker.pid, signal.SIGKILL)
+            self._let_go(worker)  # a busy one ends once its start is answered
         deadline = time.monotonic() + STOP_WAIT_S
         while (self.children or self.spent) and time.monotonic() < deadline:
             self.reap()
@@ -547,7 +623,7 @@ class Service:
         """waitpid every child that ended (WNOHANG); with `block`, wait for one first. A child killed before it
         answered (a signal: it answers, then exits) gets its start answered here, in one line."""
         flags = 0 if block else os.WNOHANG
-        while self.children or self.spare is not None or self.spent:
+        while self.children or self.workers or self.spent:
             try:
                 pid, status = os.waitpid(-1, flags)
             except ChildProcessError:
@@ -556,19 +632,24 @@ class Service:
                 self.children.clear()
                 self.late.clear()
                 self.spent.clear()
-                self._drop_spare()
+                for worker in list(self.workers.values()):
+                    self._let_go(worker)
+                self.spent.clear()
                 return
             if pid == 0:
                 return
             self.spent.discard(pid)
             self.late.discard(pid)
-            if self.spare is not None and pid == self.spare[0]:  # died waiting: forked again, not at once
-                self._drop_spare()
-                self.spare_after = time.monotonic() + SPARE_RETRY_S
+            worker = self.workers.get(pid)
+            if worker is not None:
+                if not worker.busy and status != 0:  # died waiting: none forked ahead for a while, never a loop
+                    self.ahead_after = time.monotonic() + WORKER_RETRY_S
+                self._let_go(worker)
+                self.spent.discard(pid)
             conn = self.children.pop(pid, None)
             if conn is not None:  # a start ended: its runtime is likely still starting that container, on the
-                # same CPUs; the next spare's fork and page copies (~5 ms of CPU) wait SPARE_IDLE_S
-                self.spare_after = max(self.spare_after, time.monotonic() + SPARE_IDLE_S)
+                # same CPUs; a worker forked ahead now (its fork and page copies, ~5 ms of CPU) waits WORKER_AHEAD_S
+                self.ahead_after = max(self.ahead_after, time.monotonic() + WORKER_AHEAD_S)
                 if os.WIFSIGNALED(status):
                     name = signal.Signals(os.WTERMSIG(status)).name
                     self._answer(conn, 1, f"gpuhook-hook: service: the child for this start (pid {pid}) died of "
@@ -606,137 +687,213 @@ class Service:
             self._enter_child()
         return pid
 
-    def _fork_spare(self) -> None:
-        """Fork the child for the next start ahead of it (self.spare); it waits for _hand_over. Nothing where
-        the fork fails: the next start forks for itself."""
+    def _fork_worker(self, ahead: bool = False) -> _Worker | None:
+        """Fork a warm worker (self.workers), idle; it waits for _hand_over on its socket pair. `ahead`: forked while
+        the service is idle, it first makes its pages its own (the copy-on-write faults its first start would
+        pay). None where the fork fails: the start forks a child for itself."""
         parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             pid = self._fork_child()
         except OSError:
             parent_end.close()
             child_end.close()
-            return
-        if pid:
-            child_end.close()
-            self.spare = (pid, parent_end)
-            self._spare_knows = self._next_serial
-            return
-        parent_end.close()
-        self._serve_as_spare(child_end)
-
-    def _drop_spare(self) -> int | None:
-        """The spare's pid, its socket here closed and the service without one (None: there was none)."""
-        if self.spare is None:
             return None
-        pid, sock = self.spare
-        self.spare = None
-        sock.close()
-        return pid
+        if pid == 0:
+            parent_end.close()
+            self._serve_as_worker(child_end, ahead)
+        child_end.close()
+        worker = self.workers[pid] = _Worker(pid, parent_end, self._next_serial)
+        self._worker_fds[parent_end.fileno()] = pid
+        if self._epoll is not None:
+            self._epoll.register(parent_end.fileno(), select.EPOLLIN)
+        return worker
 
-    def _let_spare_go(self) -> None:
-        """Drop the spare, which sees its socket's end and exits: reaped as spent."""
-        pid = self._drop_spare()
-        if pid is not None:
-            self.spent.add(pid)
+    def _let_go(self, worker: _Worker) -> None:
+        """Forget `worker` and close our end of its socket pair: an idle one reads its end and exits, a busy one
+        does once its start is answered; reaped as spent."""
+        if self.workers.pop(worker.pid, None) is None:
+            return
+        fd = worker.sock.fileno()
+        self._worker_fds.pop(fd, None)
+        if self._epoll is not None:
+            with contextlib.suppress(OSError):
+                self._epoll.unregister(fd)
+        worker.sock.close()
+        self.spent.add(worker.pid)
+
+    def _worker_said(self, pid: int) -> None:
+        """A worker's socket is readable: READY (its start is over and it is clean: idle again, its client's
+        connection here closed), or its end (it is ending: let go)."""
+        worker = self.workers[pid]
+        try:
+            said = worker.sock.recv(16, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return
+        except OSError:
+            said = b""
+        if said != READY or not worker.busy:
+            self._let_go(worker)
+            return
+        worker.busy, worker.idle_since = False, time.monotonic()
+        self.late.discard(pid)
+        conn = self.children.pop(pid, None)
+        if conn is not None:
+            conn.close()
+
+    def _retire_idle(self) -> None:
+        """Let go the workers idle for WORKER_IDLE_S, all but one (a node at rest keeps one worker's memory)."""
+        now = time.monotonic()
+        idle = sorted((w for w in self.workers.values() if not w.busy), key=lambda w: w.idle_since)
+        for worker in idle[:-1]:
+            if now - worker.idle_since >= WORKER_IDLE_S:
+                self._let_go(worker)
 
     def _hand_over(self, conn: socket.socket, request: protocol.Request, start: float,
                    decided: Decided | None, client_ns: int | None = None, cdi: HookArgs | None = None) -> bool:
-        """Give this start to the spare (True: it answers `conn` from here on, recorded as a child), or leave it
-        here (False: no spare, or the message could not go, whole or not at all: a SOCK_SEQPACKET). Either way
-        the spare is used up. A start decided here goes with its decision (Decided: the edits, the pid,
-        the rootfs): the spare reads nothing again, and planning, which may change what the next planning sees (a
-        refused inventory cache replaced by a scan, noted once), is done once; without one it is a whole call
-        (_serve_in_child's: a client in another mount namespace, `client_ns`, or a CDI hook, `cdi`), which goes as it
-        came, to be run whole there. The descriptors go along: the connection, the /proc/<pid> fd, the client's
-        namespace."""
-        if self.spare is None or (request.later and len(self.late) >= MAX_LATE):
+        """Give this start to a worker (True: it answers `conn` from here on, recorded as a child), or leave it
+        here (False: no worker to be had, or the message could not go, whole or not at all: a SOCK_SEQPACKET; that
+        worker is let go). A start decided here goes with its decision (Decided: the edits, the pid, the rootfs)
+        to an idle worker, or to one forked for it while fewer than MAX_WORKERS run: the worker reads nothing
+        again, and planning, which may change what the next planning sees (a refused inventory cache replaced by
+        a scan, noted once), is done once. Without one it is a whole call (_serve_in_child's: a client in another
+        mount namespace, `client_ns`, or a CDI hook, `cdi`), which goes as it came, only to an idle worker, to be
+        run whole there; that worker then ends. The descriptors go along: the connection, the /proc/<pid> fd, the
+        client's namespace."""
+        if request.later and len(self.late) >= MAX_LATE:
             return False
-        pid, sock = self.spare
+        worker = next((w for w in self.workers.values() if not w.busy), None)
+        if worker is None:
+            if decided is None or len(self.workers) >= MAX_WORKERS or self._full(False):
+                return False
+            worker = self._fork_worker()
+            if worker is None:
+                return False
+        serial = self._serial_of(decided)
+        by_number = serial is not None and worker.knows(serial)
         message = self._handed((decided is None, request.argv, request.config_env, request.state, start,
-                                request.pid_fd is not None, client_ns is not None, decided, cdi, request.later),
-                               decided)
+                                request.pid_fd is not None, client_ns is not None, decided, cdi, request.later,
+                                serial), decided if by_number else None, serial)
         fds = [conn.fileno()] + [fd for fd in (request.pid_fd, client_ns) if fd is not None]
         sent = False
-        if len(message) <= SPARE_MESSAGE:
+        if len(message) <= WORKER_MESSAGE:
             try:
-                sent = socket.send_fds(sock, [message], fds) == len(message)
+                sent = socket.send_fds(worker.sock, [message], fds) == len(message)
             except OSError:
                 sent = False
         if not sent:
-            self._let_spare_go()
+            self._let_go(worker)
             return False
-        self._drop_spare()
-        self.children[pid] = conn.dup()
+        if serial is not None and not by_number and len(worker.sent) < WORKER_KEPT_PLANS:
+            worker.sent.add(serial)  # the worker keeps it (_run_handed: the same rule, the same count)
+        worker.busy = True
+        self.children[worker.pid] = conn.dup()
         if request.later:
-            self.late.add(pid)
+            self.late.add(worker.pid)
         return True
 
-    def _handed(self, message: tuple[object, ...], decided: Decided | None) -> bytes:
-        """`message` pickled for the spare; a decision whose edits the spare has (a plan remembered before it was
-        forked) carries them by number (a pickle persistent id, _unpickled's), not whole: 25 KB for 8 GPUs with
-        every capability, ~0.5 ms of pickling on the two sides of every such start."""
-        serial = next((n for _c, _i, planned, n in self._plans.values() if planned.edits is decided.edits), None) \
-            if decided is not None else None
-        if decided is None or serial is None or serial >= self._spare_knows:
+    def _serial_of(self, decided: Decided | None) -> int | None:
+        """The number of the remembered plan whose edits `decided` carries (None: not remembered, or no decision)."""
+        if decided is None:
+            return None
+        return next((n for _c, _i, planned, n in self._plans.values() if planned.edits is decided.edits), None)
+
+    @staticmethod
+    def _handed(message: tuple[object, ...], by_number: Decided | None, serial: int | None) -> bytes:
+        """`message` pickled for a worker; with `by_number` (a decision whose edits the worker has: a plan
+        remembered before it was forked, or sent to it whole before), those edits go as `serial` (a pickle
+        persistent id, _unpickled's), not whole: 25 KB for 8 GPUs with every capability, ~0.5 ms of pickling on
+        the two sides of every such start."""
+        if by_number is None or serial is None:
             return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         out = io.BytesIO()
-        _ByNumber(out, decided.edits, serial).dump(message)
+        _ByNumber(out, by_number.edits, serial).dump(message)
         return out.getvalue()
 
     def _unpickled(self, message: bytes) -> tuple[object, ...]:
-        """_handed's message, in the spare: edits given by number are this process's copy of that plan's."""
-        return _Known(message, {n: planned.edits for _c, _i, planned, n in self._plans.values()}).load()
+        """_handed's message, in a worker: edits given by number are this process's copy of that plan's (the
+        parent's memo as it was at the fork, or a plan sent here whole)."""
+        known = {n: planned.edits for _c, _i, planned, n in self._plans.values()}
+        known.update(self._worker_plans)
+        return _Known(message, known).load()
 
-    def _serve_as_spare(self, sock: socket.socket) -> None:
-        """In the spare: wait for the one start handed over (_hand_over), then run it as a child forked for it
-        would (a decided start: prestart.handle with the parent's decision, then this process joining the
-        container; a whole call: _whole_call), answer and exit; exit at once when the parent lets it go (the
-        socket's end) or sends nothing usable."""
+    def _serve_as_worker(self, sock: socket.socket, ahead: bool) -> NoReturn:
+        """In a worker: run each start handed over (_hand_over) as a child forked for it would, answer it, go back
+        home (_back_home) and say READY; end at the socket's end (the parent let it go, or is gone), after a call
+        run whole, a start that failed or went wrong, a state it cannot come back clean from, or WORKER_USES
+        starts. `ahead`: first, while idle, the copy-on-write faults a start would pay (a few ms)."""
         from gpuhook import _native
 
-        with contextlib.suppress(OSError):  # while idle, the copy-on-write faults the start would pay (a few ms)
-            _native.own_pages(sock.fileno())
         try:
-            message, fds, _flags, _addr = socket.recv_fds(sock, SPARE_MESSAGE, 3)
-        except OSError:
-            os._exit(0)
-        sock.close()
-        if not message or not fds:
+            gc.enable()  # it lives on: its own garbage is collected (the parent's heap is frozen: never scanned)
+            home = _Home()
+            if ahead:
+                with contextlib.suppress(OSError):
+                    _native.own_pages(sock.fileno())
+            for _ in range(WORKER_USES):
+                message, fds, _flags, _addr = socket.recv_fds(sock, WORKER_MESSAGE, 3)
+                if not message or not fds or not self._run_handed(message, fds) or not home.back():
+                    break
+                sock.send(READY)
+        finally:  # never back into the accept loop: whatever stopped it, it ends
             os._exit(0)
 
+    def _run_handed(self, message: bytes, fds: list[int]) -> bool:
+        """In a worker: the start `message` (with `fds`: the connection, then the /proc/<pid> fd and the client's
+        namespace it says it has) run and answered; whether the worker may take another (a decided start that
+        succeeded, or that its client took back: _NotTaken)."""
         conn = socket.socket(fileno=fds[0])
+        again = False
 
         def start_handed_over() -> tuple[int, str]:
-            whole, argv, config_env, state, start, with_pid_fd, with_ns, decided, cdi, later = \
+            nonlocal again
+            whole, argv, config_env, state, start, with_pid_fd, with_ns, decided, cdi, later, serial = \
                 self._unpickled(message)
+            if serial is not None and not whole and serial not in self._worker_plans \
+                    and len(self._worker_plans) < WORKER_KEPT_PLANS:  # kept as the parent counts (_hand_over)
+                self._worker_plans[serial] = decided.edits
             if len(fds) != 1 + with_pid_fd + with_ns:  # never a start in a namespace other than the client's
-                raise ServiceError(f"the spare got {len(fds)} descriptors for a start that has "
+                raise ServiceError(f"the worker got {len(fds)} descriptors for a start that has "
                                    f"{1 + with_pid_fd + with_ns}")
             pid_fd = fds[1] if with_pid_fd else None
             request = protocol.Request(argv, config_env, state, pid_fd, later=later)
             vet = self._taking(conn, vetter(pid_fd))
             if whole:
                 return self._whole_call(conn, request, fds[-1] if with_ns else None, start, vet, cdi)
+            again = True
             config_path = prestart.config_path_for(argv, config_env)
             return prestart.handle(config_path, lambda: state, start, load=self.load, before_inject=vet,
                                    decided=decided, served="service")
 
-        self._finish_in_child(conn, start_handed_over)
+        code = self._run_start(conn, start_handed_over)
+        conn.close()
+        if not again:
+            return False
+        for fd in fds[1:]:  # a decided start's /proc/<pid> descriptor (a whole call's namespace: that call's)
+            os.close(fd)
+        return code == 0
 
-    def _finish_in_child(self, conn: socket.socket, call: Callable[[], tuple[int, str]]) -> NoReturn:
-        """In a child: run `call` (one whole start: its exit status and line), answer it on `conn` and exit with
-        that status; a bad argv (SystemExit) and any failure are answered in one line too. A child never
-        returns into the accept loop."""
-        code = 1
+    def _run_start(self, conn: socket.socket, call: Callable[[], tuple[int, str]]) -> int | None:
+        """In a child: run `call` (one whole start: its exit status and line) and answer it on `conn`; a bad argv
+        (SystemExit) and any failure are answered in one line too. The exit status (0 for a start its client
+        took back: _NotTaken), None for a failure that is no start's outcome (a bug)."""
         try:
             code, line = call()
             self._answer(conn, code, line)
+            return code
         except SystemExit as exc:
-            code = self._answer_exit(conn, exc)
+            return self._answer_exit(conn, exc)
         except _NotTaken:  # the client runs it: no answer, no line
-            code = 0
+            return 0
         except BaseException as exc:  # noqa: BLE001 - a child must never return into the accept loop
             self._answer(conn, 1, f"gpuhook-hook: service: {render(exc)}")
+            return None
+
+    def _finish_in_child(self, conn: socket.socket, call: Callable[[], tuple[int, str]]) -> NoReturn:
+        """In a child forked for one start: _run_start, then exit with its status. A child never returns into the
+        accept loop."""
+        code: int | None = None
+        try:
+            code = self._run_start(conn, call)
         finally:
             os._exit(0 if code == 0 else 1)
 
@@ -777,7 +934,7 @@ class Service:
     def dispatch(self, conn: socket.socket, peer: Peer, request: protocol.Request, start: float) -> None:
         """A whole request of a pinned peer, answered here up to the plan (a container without a GPU request costs
         this round trip and nothing else); whatever changes something goes on in a child (forked for it, or the
-        spare), which says TAKING first; DECLINED where no child can be had."""
+        worker), which says TAKING first; DECLINED where no child can be had."""
         try:
             self._dispatch(conn, peer, request, start)
         except _Declined:
@@ -883,7 +1040,7 @@ class Service:
 
     def _serve_in_child(self, conn: socket.socket, request: protocol.Request, peer: Peer, start: float,
                         vet: Callable[[Decided], int | None], cdi: HookArgs | None = None) -> None:
-        """The whole call in a child (the spare when one waits, else one forked for it), as the in-process entry
+        """The whole call in a child (an idle worker, else one forked for it), as the in-process entry
         would run it where the client is (_whole_call). `cdi`: a createContainer hook's parsed command line
         (inject/containerhooks.run_hook)."""
         client_ns = peer.take_mnt_ns()
@@ -893,7 +1050,7 @@ class Service:
                 self._finish_in_child(conn, lambda: self._whole_call(conn, request, client_ns, start,
                                                                      self._taking(conn, vet), cdi))
         finally:
-            if client_ns is not None:  # the parent: the descriptors are the child's (or the spare's) alone
+            if client_ns is not None:  # the parent: the descriptors are the child's (or the worker's) alone
                 os.close(client_ns)
 
     @staticmethod
@@ -940,7 +1097,11 @@ class Service:
         if self._epoll is not None:
             self._epoll.close()
             self._epoll = None
-        self._drop_spare()  # the spare's socket: the parent's to hand over on
+        for worker in self.workers.values():  # the parent's ends of the workers' sockets: its to hand over on
+            worker.sock.close()
+        self.workers.clear()
+        self._worker_fds.clear()
+        self.spent.clear()
 
     @staticmethod
     def _take(conn: socket.socket) -> None:
