@@ -12,8 +12,8 @@ resident memory of the service and of its workers.
 The "nvidia" case runs NVIDIA's hook as its config FILE says, except that the driver root is this script's simulated
 driver and kernel modules are never loaded (`load-kmods = false`: loading them makes device nodes under the host's
 /dev); each of its starts must leave a libcuda mount point in the rootfs. With it, also lone starts
-(one at a time, interleaved): no hook, through the service, through NVIDIA's hook; and the ratio gpuhook-service /
-nvidia of every overhead, per round.
+(one at a time, interleaved): no hook, through the service and through NVIDIA's hook, each with 1 GPU and with all
+8 GPUs and every capability; and the ratio gpuhook-service / nvidia of every overhead, per round.
 """
 
 from __future__ import annotations
@@ -134,24 +134,31 @@ def check_nvidia_start(rootfs: Path) -> None:
         raise BenchError(f"NVIDIA's hook mounted no libcuda into {rootfs}: check --nvidia-config")
 
 
+LONE_ROUNDS = 5  # lone starts are short and spread by runc's own 15-60 ms: five rounds per burst round
+ALL_ENV = ["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=all"]
+LONE = {"none": ENV, "service": ENV, "nvidia": ENV, "service, all GPUs": ALL_ENV, "nvidia, all GPUs": ALL_ENV}
+
+
 def lone_starts(work: Path, template: Path, hooks: dict[str, dict[str, Any] | None], runs: int,
                 seed: int) -> dict[str, list[float]]:
-    """One `runc run` at a time per case, interleaved (none, service, nvidia): milliseconds per start."""
+    """One `runc run` at a time per case, interleaved (none; service and nvidia with 1 GPU, and with all 8 GPUs and
+    every capability): milliseconds per start."""
     def case(kind: str) -> Callable[[int], float]:
-        hook = hooks[kind]
+        hook = hooks[kind.partition(",")[0]]
+        nvidia = kind.startswith("nvidia")
 
         def start(_round: int) -> float:
-            bundle = work / f"lone-{kind}"
-            make_bundle(bundle, fresh_rootfs(template, bundle / "rootfs"), ["true"], env=ENV,
-                        hooks={"prestart": [hook]} if hook else None, mounts=PROC_DRIVER if kind == "nvidia" else ())
-            ms = runc_run(bundle, unique_id(f"lone-{kind}"))
-            if kind == "nvidia":
+            bundle = work / f"lone-{kind.partition(',')[0]}"
+            make_bundle(bundle, fresh_rootfs(template, bundle / "rootfs"), ["true"], env=LONE[kind],
+                        hooks={"prestart": [hook]} if hook else None, mounts=PROC_DRIVER if nvidia else ())
+            ms = runc_run(bundle, unique_id(f"lone-{kind.partition(',')[0]}"))
+            if nvidia:
                 check_nvidia_start(bundle / "rootfs")
             return ms
 
         return start
 
-    return interleaved({kind: case(kind) for kind in ("none", "service", "nvidia")}, runs, warmup=1, seed=seed)
+    return interleaved({kind: case(kind) for kind in LONE}, runs, warmup=1, seed=seed)
 
 
 def bench(args: argparse.Namespace) -> None:
@@ -187,7 +194,7 @@ def bench(args: argparse.Namespace) -> None:
                 for kind in (kinds if n % 2 == 0 else tuple(reversed(kinds))):
                     run_one(kind)
             if args.nvidia_hook:
-                lone = lone_starts(work, template, hooks, args.runs, args.seed)
+                lone = lone_starts(work, template, hooks, LONE_ROUNDS * args.runs, args.seed)
             rss = service.memory_full_info()
             workers = [kid.memory_full_info() for kid in service.children()]
         finally:
@@ -212,11 +219,13 @@ def bench(args: argparse.Namespace) -> None:
           f"starts through the service that fell back in-process: {fell_back}")
     compared = []
     if args.nvidia_hook:
-        lone_over = {kind: paired(lone, kind, "none") for kind in ("service", "nvidia")}
-        compared = [row(f"lone start: {kind} overhead (ms)", lone_over[kind]) for kind in ("service", "nvidia")]
+        lone_over = {kind: paired(lone, kind, "none") for kind in LONE if kind != "none"}
+        compared = [row(f"lone start: {kind} overhead (ms)", lone_over[kind]) for kind in lone_over]
         compared.append(row("none: lone start (ms)", lone["none"]))
         for what, ours, theirs in [*zip(OVER, over["service"], over["nvidia"]),
-                                   ("lone start overhead", lone_over["service"], lone_over["nvidia"])]:
+                                   ("lone start overhead", lone_over["service"], lone_over["nvidia"]),
+                                   ("lone start overhead, all GPUs", lone_over["service, all GPUs"],
+                                    lone_over["nvidia, all GPUs"])]:
             compared.append(row(f"service as % of nvidia: {what.removesuffix(' (ms)')}",
                                 [100 * a / b for a, b in zip(ours, theirs) if b > 0]))
         print_table(f"gpuhook service vs NVIDIA's legacy hook ({args.runs} rounds; the % rows are per-round ratios, "

@@ -696,7 +696,7 @@ def test_a_cdi_hook_through_the_service_is_the_in_process_one(native: Path, root
         served = _cdi_hook_start(root_tmp, native, running.sock, args, "served")
         assert served.returncode == 0, served.stderr
         assert not (root_tmp / "fallback-ran").exists()
-        assert _gone(worker)  # it ran it, and a worker that ran a call whole ends
+        assert _one_waiting_child(psutil.Process(running.proc.pid)) == worker  # it ran it (no fork), and stays
         failed = _cdi_hook_start(root_tmp, native, running.sock, ["update-container", "--folder", "/opt/lib",
                                                                   "--ldconfig-path", "/nonexistent"], "failed")
         assert failed.returncode != 0 and "gpuhook: cannot open ldconfig /nonexistent" in failed.stderr
@@ -978,17 +978,23 @@ def _settle(service: Any, pids: list[int]) -> None:
 
 
 @pytest.mark.parametrize("later", [False, True], ids=["state-with-header", "state-later"])
-def test_a_cdi_hook_is_handed_to_an_idle_worker_whole(in_process: Any, root_tmp: Path, later: bool) -> None:
+def test_a_cdi_hook_is_handed_to_a_worker_whole(in_process: Any, root_tmp: Path, later: bool,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """A CDI createContainer hook (a call run whole in a child, _serve_in_child) goes to an idle worker too: no fork
-    at that moment, the worker makes the link in the container's rootfs, answers, and ends (nothing a call run in
-    its client's files read stays for the next); with no idle worker, a child forked for it does the same. With its
-    state after its header (`later`), the service hands the connection on at once (its accept loop never waits on
-    a runtime) and the child does nothing before the state is whole."""
+    at that moment, the worker makes the link in the container's rootfs, answers, and comes back for the next; with
+    no worker to be had (MAX_WORKERS 0), a child forked for it does the same. With its state after its header
+    (`later`), the service hands the connection on at once (its accept loop never waits on a runtime) and the child
+    does nothing before the state is whole."""
+    from gpuhook.service import server
+
     bundle = plain_bundle(root_tmp, [])
     rootfs = bundle / "rootfs"
-    worker = in_process._fork_worker(ahead=True).pid
+    worker = in_process._fork_worker().pid
     answers = []
-    for n in (1, 2):
+    for n in (1, 2, 3):
+        if n == 3:
+            in_process._let_go(in_process.workers[worker])
+            monkeypatch.setattr(server, "MAX_WORKERS", 0)
         link = rootfs / f"opt/libmarker{n}.so"
 
         def nothing_yet(link: Path = link) -> None:
@@ -998,10 +1004,9 @@ def test_a_cdi_hook_is_handed_to_an_idle_worker_whole(in_process: Any, root_tmp:
         args = ["cdi-hook", "create-symlinks", "--link", f"libmarker.so.{n}::/opt/libmarker{n}.so"]
         answers.append(_child_answer(in_process, args, state(bundle, cid=f"cdi{n}", pid=os.getpid()),
                                      nothing_yet if later else None))
-    assert answers[0] == (0, "", [worker]) and Forks.count == 2  # the worker, then one fork for the second
-    assert answers[1][:2] == (0, "") and answers[1][2] != [worker]
-    assert _gone(worker) and not in_process.workers
-    assert [os.readlink(rootfs / f"opt/libmarker{n}.so") for n in (1, 2)] == ["libmarker.so.1", "libmarker.so.2"]
+    assert answers[:2] == [(0, "", [worker])] * 2 and Forks.count == 2  # the worker twice, then a fork for the third
+    assert answers[2][:2] == (0, "") and answers[2][2] != [worker] and not in_process.workers
+    assert [os.readlink(rootfs / f"opt/libmarker{n}.so") for n in (1, 2, 3)] == [f"libmarker.so.{n}" for n in (1, 2, 3)]
 
 
 def test_only_a_cdi_hook_may_send_its_state_later(in_process: Any, root_tmp: Path) -> None:
@@ -1047,7 +1052,7 @@ def test_a_start_is_handed_to_a_worker_and_answered_by_it(in_process: Any, root_
     the same request gives (no worker may be forked: MAX_WORKERS 0). A start that failed ends its worker."""
     from gpuhook.service import server
 
-    worker = in_process._fork_worker(ahead=True).pid
+    worker = in_process._fork_worker().pid
     assert Forks.count == 1 and psutil.Process(worker).ppid() == os.getpid()
     code, line, took = _dead_process_start(in_process, root_tmp, "worker")
     assert Forks.count == 1, "the parent forked although a worker was idle"
@@ -1073,7 +1078,7 @@ def test_a_worker_comes_back_for_the_next_start(in_process: Any, root_tmp: Path,
         return send_fds(sock, buffers, fds, *rest)
 
     monkeypatch.setattr(socket, "send_fds", recording)
-    worker = in_process._fork_worker(ahead=True).pid  # before any plan
+    worker = in_process._fork_worker().pid  # before any plan
     code, _, took = _dead_process_start(in_process, root_tmp, "taken-back", go=False)
     assert code == protocol.TAKING and Forks.count == 1 and list(in_process.workers) == took == [worker]
     assert not in_process.workers[took[0]].busy and not in_process.children and not _gone(took[0])
@@ -1108,9 +1113,9 @@ def test_a_plan_remembered_before_a_worker_was_forked_goes_by_number(in_process:
         return send_fds(sock, buffers, fds, *rest)
 
     monkeypatch.setattr(socket, "send_fds", recording)
-    in_process._fork_worker(ahead=True)  # forked before any plan: the first start's plan goes whole
+    in_process._fork_worker()  # forked before any plan: the first start's plan goes whole
     first = _dead_process_start(in_process, root_tmp, "whole")
-    in_process._fork_worker(ahead=True)  # forked after it: the same request's plan goes by number
+    in_process._fork_worker()  # forked after it: the same request's plan goes by number
     second = _dead_process_start(in_process, root_tmp, "by-number")
     assert len(sent) == 2 and len(sent[1]) * 2 < len(sent[0]), [len(m) for m in sent]
     whole, by_number = (in_process._unpickled(m)[7] for m in sent)
@@ -1127,7 +1132,7 @@ def test_a_worker_that_died_leaves_the_start_to_a_fork(in_process: Any, root_tmp
 
     from gpuhook.service import server
 
-    pid = in_process._fork_worker(ahead=True).pid
+    pid = in_process._fork_worker().pid
     os.kill(pid, signal.SIGKILL)
     _until_zombie(pid)
     code, line, took = _dead_process_start(in_process, root_tmp, "handoff-failed")
@@ -1138,7 +1143,7 @@ def test_a_worker_that_died_leaves_the_start_to_a_fork(in_process: Any, root_tmp
     assert (root_tmp / "gpuhook.log").read_text().count(" handoff-failed error: ") == 1
     assert not in_process.spent and not in_process.children
 
-    pid = in_process._fork_worker(ahead=True).pid
+    pid = in_process._fork_worker().pid
     os.kill(pid, signal.SIGKILL)
     _until_zombie(pid)
     before = time.monotonic()
@@ -1153,7 +1158,7 @@ def test_no_idle_worker_and_no_room_for_one_forks_a_child(in_process: Any, root_
     from gpuhook.service import server
 
     monkeypatch.setattr(server, "MAX_WORKERS", 1)
-    worker = in_process._fork_worker(ahead=True)
+    worker = in_process._fork_worker()
     worker.busy = True  # as if it ran another start
     _, _, took = _dead_process_start(in_process, root_tmp, "overflow")
     assert took != [worker.pid] and Forks.count == 2 and list(in_process.workers) == [worker.pid]
@@ -1224,43 +1229,33 @@ def home_umask() -> int:
     return mask
 
 
+def test_a_worker_is_forked_ahead_only_once_the_start_before_is_over(in_process: Any, root_tmp: Path) -> None:
+    """A start's child that ended (here a worker whose start failed) makes the next worker forked ahead wait
+    WORKER_AHEAD_S: its fork would otherwise take the CPU from the runtime still starting that container. The
+    accept loop sleeps no longer than that, so a worker is there for the next start; a dead worker's longer retry
+    is kept."""
+    from gpuhook.service import server
+
+    assert in_process._poll_ms() == 1000  # nothing pending: the loop's usual wait
+    in_process._fork_worker()
+    before = time.monotonic()
+    _dead_process_start(in_process, root_tmp, "then-idle")
+    assert not in_process.workers and not in_process.children and not in_process._ahead_due()
+    assert before + server.WORKER_AHEAD_S <= in_process.ahead_after <= time.monotonic() + server.WORKER_AHEAD_S
+    assert 1 <= in_process._poll_ms() <= int(server.WORKER_AHEAD_S * 1000) + 1
+    time.sleep(server.WORKER_AHEAD_S)
+    assert in_process._ahead_due()
+
+    in_process.ahead_after = retry = time.monotonic() + server.WORKER_RETRY_S  # a worker died idle meanwhile
+    _dead_process_start(in_process, root_tmp, "forked")
+    assert in_process.ahead_after == retry and in_process._poll_ms() == 1000
+
+
 def _until_zombie(pid: int) -> None:
     deadline = time.monotonic() + 10
     while psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
         assert time.monotonic() < deadline, f"process {pid} did not die"
         time.sleep(0.01)
-
-
-def test_own_pages_makes_a_forked_child_own_what_it_shared(tmp_path: Path) -> None:
-    """_native.own_pages in a forked child: the pages it shared with its parent become its own (Private_Dirty
-    grows by about what it touched), and a readable stop descriptor ends it after its first batch."""
-    from gpuhook import _native
-
-    def private_kb() -> int:
-        with open("/proc/self/smaps_rollup", encoding="ascii") as f:
-            return sum(int(line.split()[1]) for line in f if line.startswith("Private_Dirty:"))
-
-    result = tmp_path / "result"
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            before = private_kb()
-            touched = _native.own_pages()
-            grown = private_kb() - before
-            r, w = os.pipe()
-            os.write(w, b"x")
-            early = _native.own_pages(r)
-            result.write_text(f"{touched} {grown} {early}")
-            code = 0
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
-    touched, grown, early = map(int, result.read_text().split())
-    page_kb = os.sysconf("SC_PAGE_SIZE") // 1024
-    assert touched > 500 and grown >= touched * page_kb // 2, (touched, grown)
-    assert 0 < early <= 512 and early < touched
 
 
 @pytest.mark.e2e

@@ -18,7 +18,7 @@ __all__ = [
     "elf_info", "elf_info_bytes",
     "setns", "unshare", "mount_id", "die_with_parent", "no_new_privs", "keep_capabilities", "seccomp_ldconfig",
     "confine_ldconfig", "spawn_confined",
-    "mount", "umount2", "openat2", "mknodat", "open_tree", "open_trees", "move_mount", "own_pages",
+    "mount", "umount2", "openat2", "mknodat", "open_tree", "open_trees", "move_mount",
     "Run", "FileBinds", "NewLinks",
     "bpf_prog_query", "bpf_prog_query_flags", "bpf_prog_get_fd_by_id", "bpf_prog_info",
     "bpf_prog_xlated_insns", "bpf_prog_load", "bpf_prog_attach", "bpf_prog_detach",
@@ -375,12 +375,6 @@ def is_mount_root(fd: int) -> bool | None:
     """`fd` is the root of a mount (statx STATX_ATTR_MOUNT_ROOT); None from a kernel that does not say (5.8)."""
     found = _check(lib.gh_is_mount_root(fd))
     return None if found == 2 else bool(found)
-
-
-def own_pages(stop_fd: int = -1) -> int:
-    """Make this (forked, single-threaded) process own a copy of every page it still shares with its parent, so
-    that later work pays no copy-on-write faults; stops early once `stop_fd` is readable. The pages touched."""
-    return _check(lib.gh_own_pages(stop_fd))
 
 
 def open_trees(paths: list[str], flags: int) -> list[int]:

@@ -4,7 +4,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <poll.h>
 #include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -621,56 +620,6 @@ int gh_symlinks(int count, const int *dirfds, char *const names[], char *const t
     if (i < count)
         *failed_errno = errno;
     return i;
-}
-
-long gh_own_pages(int stop_fd)
-{
-    enum { BATCH = 512 }; /* pagemap entries read at once; the stop descriptor is looked at between batches */
-    FILE *maps = fopen("/proc/self/maps", "re");
-    if (maps == NULL)
-        return -1;
-    int pagemap = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
-    if (pagemap < 0) {
-        int saved = errno;
-        fclose(maps);
-        errno = saved;
-        return -1;
-    }
-    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-    uint64_t entries[BATCH];
-    char line[4096 + 128];
-    long touched = 0;
-    int stop = 0;
-    while (!stop && fgets(line, sizeof line, maps) != NULL) {
-        uintptr_t from, to;
-        char perms[5], path[16] = "";
-        if (sscanf(line, "%" SCNxPTR "-%" SCNxPTR " %4s %*s %*s %*s %15s", &from, &to, perms, path) < 3)
-            continue;
-        if (perms[0] != 'r' || perms[1] != 'w' || perms[3] != 'p' || strncmp(path, "/dev/", 5) == 0)
-            continue; /* shared, read-only or a device's memory: nothing of the parent's to copy, or not ours */
-        for (uintptr_t at = from; at < to && !stop;) {
-            size_t want = (size_t)((to - at) / page);
-            if (want > BATCH)
-                want = BATCH;
-            ssize_t got = pread(pagemap, entries, want * sizeof entries[0], (off_t)(at / page * sizeof entries[0]));
-            if (got <= 0)
-                break;
-            size_t count = (size_t)got / sizeof entries[0];
-            for (size_t i = 0; i < count; i++) {
-                if (entries[i] >> 63 & 1) { /* present: in memory, so shared with the parent since the fork */
-                    volatile char *byte = (volatile char *)(at + i * page);
-                    *byte = *byte;
-                    touched++;
-                }
-            }
-            at += count * page;
-            struct pollfd ready = {.fd = stop_fd, .events = POLLIN};
-            stop = stop_fd >= 0 && poll(&ready, 1, 0) > 0;
-        }
-    }
-    close(pagemap);
-    fclose(maps);
-    return touched;
 }
 
 /* ------------------------------------------------------------------------------------------------ */

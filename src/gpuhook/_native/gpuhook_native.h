@@ -68,11 +68,6 @@ int gh_mount_setattr(int dirfd, const char *path, uint32_t flags, uint64_t attr_
 /* Whether `fd` is the root of a mount (statx STATX_ATTR_MOUNT_ROOT): 1 or 0, 2 when the kernel does not say
  * (before 5.8), or -1 (errno). */
 int gh_is_mount_root(int fd);
-/* A forked child's own copy of every page it shares with its parent: each present page of its private
- * writable mappings (files under /dev left alone) is written back onto itself, so the copy-on-write faults are
- * paid now, while idle, not by the work that comes later. Stops early once `stop_fd` is readable (-1: never).
- * The pages touched, or -1 (errno) when /proc/self/maps or pagemap cannot be read. Single-threaded callers. */
-long gh_own_pages(int stop_fd);
 int gh_move_mount(int from_dirfd, const char *from_path, int to_dirfd, const char *to_path, uint32_t flags);
 /* A run of bind mounts onto new empty files, each a few system calls with no Python between them (mounts.py's
  * bind_all; it decides which binds go here and has checked each folder is the rootfs's own). Item i: the

@@ -21,11 +21,13 @@ Safety rules (docs/service.md):
   descriptors, children, threads) and says READY; anything else, and a start that failed, ends the worker
   (WORKER_USES starts at most). A worker saves each start the fork and the copy-on-write faults of a fresh child,
   about half of what a start costs the service. Workers read nothing again (nothing before the plan has an effect:
-  hook/prestart.run), so one forked before a change of config or driver does what the parent decided now. A call run
-  whole (a client in another mount namespace, a CDI hook) is handed to an idle worker too, which then ends: nothing
-  that call read in its client's files stays for the next. With no worker to be had the parent forks a child for the
-  start (one start, then it exits); a hand-off that fails leaves the request with the parent, which forks for it.
-  While the service is idle one worker is forked ahead (and the oldest idle ones end after WORKER_IDLE_S);
+  hook/prestart.run), so one forked before a change of config or driver does what the parent decided now. A CDI hook
+  (a call run whole in the container's mount namespace, from its arguments alone) goes to a worker the same way; a
+  prestart call whose client is in another mount namespace goes only to an idle worker, which ends after it: nothing
+  that call read in its client's config and driver files stays for the next. With no worker to be had the parent
+  forks a child for the start (one start, then it exits); a hand-off that fails leaves the request with the parent,
+  which forks for it. While the service is idle one worker is forked ahead (and the oldest idle ones end after
+  WORKER_IDLE_S);
 - a child keeps running when the parent dies: an accepted request is answered (the client never retries it).
 """
 
@@ -429,7 +431,7 @@ class Service:
         print(f"gpuhook service: listening on {self.socket_path}", file=sys.stderr, flush=True)
         while not self.stopping:
             if self._ahead_due():
-                self._fork_worker(ahead=True)  # idle: the next start's worker, forked ahead
+                self._fork_worker()  # idle: the next start's worker, forked ahead
             try:
                 events = self._epoll.poll(self._poll_ms() / 1000)
             except InterruptedError:
@@ -607,8 +609,8 @@ class Service:
                     os.unlink(self.socket_path)
             self.listener.close()
             self.listener = None
-        for worker in list(self.workers.values()):  # an idle one holds no start: ended now, not once its page
-            if not worker.busy:  # copies are done and it reads its socket's end (the service gone by then)
+        for worker in list(self.workers.values()):  # an idle one holds no start: ended now, not once it reads
+            if not worker.busy:  # its socket's end (the service gone by then)
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(worker.pid, signal.SIGKILL)
             self._let_go(worker)  # a busy one ends once its start is answered
@@ -648,7 +650,7 @@ class Service:
                 self.spent.discard(pid)
             conn = self.children.pop(pid, None)
             if conn is not None:  # a start ended: its runtime is likely still starting that container, on the
-                # same CPUs; a worker forked ahead now (its fork and page copies, ~5 ms of CPU) waits WORKER_AHEAD_S
+                # same CPUs; a worker forked ahead now (its fork, a few ms of CPU) waits WORKER_AHEAD_S
                 self.ahead_after = max(self.ahead_after, time.monotonic() + WORKER_AHEAD_S)
                 if os.WIFSIGNALED(status):
                     name = signal.Signals(os.WTERMSIG(status)).name
@@ -687,10 +689,9 @@ class Service:
             self._enter_child()
         return pid
 
-    def _fork_worker(self, ahead: bool = False) -> _Worker | None:
-        """Fork a warm worker (self.workers), idle; it waits for _hand_over on its socket pair. `ahead`: forked while
-        the service is idle, it first makes its pages its own (the copy-on-write faults its first start would
-        pay). None where the fork fails: the start forks a child for itself."""
+    def _fork_worker(self) -> _Worker | None:
+        """Fork a warm worker (self.workers), idle; it waits for _hand_over on its socket pair. None where the fork
+        fails: the start forks a child for itself."""
         parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             pid = self._fork_child()
@@ -700,7 +701,7 @@ class Service:
             return None
         if pid == 0:
             parent_end.close()
-            self._serve_as_worker(child_end, ahead)
+            self._serve_as_worker(child_end)
         child_end.close()
         worker = self.workers[pid] = _Worker(pid, parent_end, self._next_serial)
         self._worker_fds[parent_end.fileno()] = pid
@@ -755,15 +756,15 @@ class Service:
         worker is let go). A start decided here goes with its decision (Decided: the edits, the pid, the rootfs)
         to an idle worker, or to one forked for it while fewer than MAX_WORKERS run: the worker reads nothing
         again, and planning, which may change what the next planning sees (a refused inventory cache replaced by
-        a scan, noted once), is done once. Without one it is a whole call (_serve_in_child's: a client in another
-        mount namespace, `client_ns`, or a CDI hook, `cdi`), which goes as it came, only to an idle worker, to be
-        run whole there; that worker then ends. The descriptors go along: the connection, the /proc/<pid> fd, the
-        client's namespace."""
+        a scan, noted once), is done once. Without one it is a whole call (_serve_in_child's: a CDI hook, `cdi`,
+        which goes to a worker as a decided start does; or a client in another mount namespace, `client_ns`, only
+        to an idle worker, which then ends), which goes as it came, to be run whole there. The descriptors go
+        along: the connection, the /proc/<pid> fd, the client's namespace."""
         if request.later and len(self.late) >= MAX_LATE:
             return False
         worker = next((w for w in self.workers.values() if not w.busy), None)
         if worker is None:
-            if decided is None or len(self.workers) >= MAX_WORKERS or self._full(False):
+            if (decided is None and cdi is None) or len(self.workers) >= MAX_WORKERS or self._full(request.later):
                 return False
             worker = self._fork_worker()
             if worker is None:
@@ -816,19 +817,14 @@ class Service:
         known.update(self._worker_plans)
         return _Known(message, known).load()
 
-    def _serve_as_worker(self, sock: socket.socket, ahead: bool) -> NoReturn:
+    def _serve_as_worker(self, sock: socket.socket) -> NoReturn:
         """In a worker: run each start handed over (_hand_over) as a child forked for it would, answer it, go back
-        home (_back_home) and say READY; end at the socket's end (the parent let it go, or is gone), after a call
-        run whole, a start that failed or went wrong, a state it cannot come back clean from, or WORKER_USES
-        starts. `ahead`: first, while idle, the copy-on-write faults a start would pay (a few ms)."""
-        from gpuhook import _native
-
+        home (_Home.back) and say READY; end at the socket's end (the parent let it go, or is gone), after a
+        prestart call run whole, a start that failed or went wrong, a state it cannot come back clean from, or
+        WORKER_USES starts."""
         try:
             gc.enable()  # it lives on: its own garbage is collected (the parent's heap is frozen: never scanned)
             home = _Home()
-            if ahead:
-                with contextlib.suppress(OSError):
-                    _native.own_pages(sock.fileno())
             for _ in range(WORKER_USES):
                 message, fds, _flags, _addr = socket.recv_fds(sock, WORKER_MESSAGE, 3)
                 if not message or not fds or not self._run_handed(message, fds) or not home.back():
@@ -839,10 +835,12 @@ class Service:
 
     def _run_handed(self, message: bytes, fds: list[int]) -> bool:
         """In a worker: the start `message` (with `fds`: the connection, then the /proc/<pid> fd and the client's
-        namespace it says it has) run and answered; whether the worker may take another (a decided start that
-        succeeded, or that its client took back: _NotTaken)."""
+        namespace it says it has) run and answered; whether the worker may take another (a decided start or a CDI
+        hook that succeeded, or that its client took back: _NotTaken). A prestart call run whole (its client in
+        another mount namespace) read that client's config and inventory: the worker ends after it."""
         conn = socket.socket(fileno=fds[0])
         again = False
+        ours: list[int] = []  # the descriptors this start leaves to close (a client namespace is closed once joined)
 
         def start_handed_over() -> tuple[int, str]:
             nonlocal again
@@ -855,11 +853,12 @@ class Service:
                 raise ServiceError(f"the worker got {len(fds)} descriptors for a start that has "
                                    f"{1 + with_pid_fd + with_ns}")
             pid_fd = fds[1] if with_pid_fd else None
+            ours.extend(fds[1:2] if with_pid_fd else [])
             request = protocol.Request(argv, config_env, state, pid_fd, later=later)
             vet = self._taking(conn, vetter(pid_fd))
+            again = not whole or cdi is not None  # a CDI hook reads nothing of the host's config or inventory
             if whole:
                 return self._whole_call(conn, request, fds[-1] if with_ns else None, start, vet, cdi)
-            again = True
             config_path = prestart.config_path_for(argv, config_env)
             return prestart.handle(config_path, lambda: state, start, load=self.load, before_inject=vet,
                                    decided=decided, served="service")
@@ -868,7 +867,7 @@ class Service:
         conn.close()
         if not again:
             return False
-        for fd in fds[1:]:  # a decided start's /proc/<pid> descriptor (a whole call's namespace: that call's)
+        for fd in ours:
             os.close(fd)
         return code == 0
 
