@@ -1093,9 +1093,15 @@ def test_a_worker_comes_back_for_the_next_start(in_process: Any, root_tmp: Path,
 
 
 def test_a_decided_start_with_no_idle_worker_gets_a_worker_forked_for_it(in_process: Any, root_tmp: Path) -> None:
-    """No worker idle and room for one (MAX_WORKERS): the start's fork is a worker, which stays for the next."""
+    """No worker idle and room for one (MAX_WORKERS): the start's fork is a worker, which stays for the next. It
+    keeps none of the descriptors it was forked with (that start's connection, its client's pidfd, the parent's
+    files): beside stdio only its socket, its mount namespace and its cwd."""
     _, _, took = _dead_process_start(in_process, root_tmp, "first", go=False)
     assert Forks.count == 1 and list(in_process.workers) == took and not in_process.workers[took[0]].busy
+    held = sorted(os.readlink(f"/proc/{took[0]}/fd/{fd}") for fd in os.listdir(f"/proc/{took[0]}/fd")
+                  if int(fd) > 2)
+    assert len(held) == 3 and held[0].startswith("/") and held[1].startswith("mnt:[") and \
+        held[2].startswith("socket:["), held
     _, _, again = _dead_process_start(in_process, root_tmp, "second", go=False)
     assert again == took and Forks.count == 1
 

@@ -824,6 +824,9 @@ class Service:
         WORKER_USES starts."""
         try:
             gc.enable()  # it lives on: its own garbage is collected (the parent's heap is frozen: never scanned)
+            mine = sock.fileno()  # forked for a start, it has that start's connection and descriptors: it gets
+            os.closerange(3, mine)  # them again over its socket, so no other one stays open for its lifetime
+            os.closerange(mine + 1, max(mine + 1, os.sysconf("SC_OPEN_MAX")))
             home = _Home()
             for _ in range(WORKER_USES):
                 message, fds, _flags, _addr = socket.recv_fds(sock, WORKER_MESSAGE, 3)
