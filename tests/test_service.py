@@ -1066,18 +1066,23 @@ def test_a_start_is_handed_to_a_worker_and_answered_by_it(in_process: Any, root_
     assert " worker error: " in log and " forked error: " in log
 
 
-def test_a_worker_comes_back_for_the_next_start(in_process: Any, root_tmp: Path,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    """A start its client took back (no GO) leaves its worker clean: it says READY, is idle again, and takes the next
-    start, whose plan (made after the worker was forked) it was sent whole the first time and now gets by number."""
-    sent: list[bytes] = []
+@pytest.fixture()
+def sent(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """Every message handed to a worker (socket.send_fds recorded), in order."""
+    messages: list[bytes] = []
     send_fds = socket.send_fds
 
     def recording(sock: socket.socket, buffers: list[bytes], fds: list[int], *rest: Any) -> int:
-        sent.append(bytes(buffers[0]))
+        messages.append(bytes(buffers[0]))
         return send_fds(sock, buffers, fds, *rest)
 
     monkeypatch.setattr(socket, "send_fds", recording)
+    return messages
+
+
+def test_a_worker_comes_back_for_the_next_start(in_process: Any, root_tmp: Path, sent: list[bytes]) -> None:
+    """A start its client took back (no GO) leaves its worker clean: it says READY, is idle again, and takes the next
+    start, whose plan (made after the worker was forked) it was sent whole the first time and now gets by number."""
     worker = in_process._fork_worker().pid  # before any plan
     code, _, took = _dead_process_start(in_process, root_tmp, "taken-back", go=False)
     assert code == protocol.TAKING and Forks.count == 1 and list(in_process.workers) == took == [worker]
@@ -1107,18 +1112,10 @@ def test_a_decided_start_with_no_idle_worker_gets_a_worker_forked_for_it(in_proc
 
 
 def test_a_plan_remembered_before_a_worker_was_forked_goes_by_number(in_process: Any, root_tmp: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                     sent: list[bytes]) -> None:
     """A start whose plan was remembered before its worker was forked hands its edits over by number (the worker's
     copy of that plan), not whole; one remembered after the fork goes whole. Both arrive as the same edits, and
     both starts are answered alike."""
-    sent: list[bytes] = []
-    send_fds = socket.send_fds
-
-    def recording(sock: socket.socket, buffers: list[bytes], fds: list[int], *rest: Any) -> int:
-        sent.append(bytes(buffers[0]))
-        return send_fds(sock, buffers, fds, *rest)
-
-    monkeypatch.setattr(socket, "send_fds", recording)
     in_process._fork_worker()  # forked before any plan: the first start's plan goes whole
     first = _dead_process_start(in_process, root_tmp, "whole")
     in_process._fork_worker()  # forked after it: the same request's plan goes by number
