@@ -9,19 +9,17 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import grpc
 import pytest
 from support.apireplay import ApiReplay, recorded
+from support.cri import cri_modules, host_sandbox, run_container
 from support.drakubelet import DraKubelet
 from support.e2e import need, need_root
-from support.k8snode import BUSYBOX_IMAGE, containerd17, cri_containerd
+from support.k8snode import containerd17, cri_containerd
 from support.kubelet import short_tempdir
 
 from gpuhook.discover import Roots, discover
@@ -33,43 +31,6 @@ pytestmark = pytest.mark.e2e
 
 CLAIM = recorded("claim-allocated")
 UID = CLAIM["body"]["metadata"]["uid"]
-PROTO = Path(__file__).resolve().parent / "support" / "cri.proto"
-
-
-def cri_modules(out: Path) -> tuple[ModuleType, ModuleType]:
-    """runtime.v1 messages and stubs, compiled from support/cri.proto into `out`."""
-    work = out / "cri"
-    work.mkdir()
-    shutil.copy(PROTO, work / "cri.proto")
-    done = subprocess.run([sys.executable, "-m", "grpc_tools.protoc", f"-I{work}", f"--python_out={work}",
-                           f"--grpc_python_out={work}", str(work / "cri.proto")], capture_output=True, text=True,
-                          check=False)
-    assert done.returncode == 0, done.stderr
-    sys.path.insert(0, str(work))
-    try:
-        import cri_pb2
-        import cri_pb2_grpc
-    finally:
-        sys.path.remove(str(work))
-    return cri_pb2, cri_pb2_grpc
-
-
-def _run(pb: Any, stub: Any, sandbox: str, sandbox_config: Any, name: str, cdi_ids: list[str], logs: Path) -> Any:
-    """Create and start a container with `cdi_ids`; wait for it to exit; its status."""
-    config = pb.ContainerConfig(
-        metadata=pb.ContainerMetadata(name=name), image=pb.ImageSpec(image=BUSYBOX_IMAGE),
-        command=["/bin/sh", "-c", "echo GPUS: $(ls /dev | grep -E '^nvidia[0-9]+$' | sort | tr '\\n' ' '); "
-                                  "test -e /usr/lib/x86_64-linux-gnu/libcuda.so.1 && echo LIBCUDA: yes"],
-        log_path=f"{name}.log", CDI_devices=[pb.CDIDevice(name=i) for i in cdi_ids])
-    created = stub.CreateContainer(pb.CreateContainerRequest(pod_sandbox_id=sandbox, config=config,
-                                                             sandbox_config=sandbox_config), timeout=60)
-    stub.StartContainer(pb.StartContainerRequest(container_id=created.container_id), timeout=60)
-    deadline = time.monotonic() + 30
-    while True:
-        status = stub.ContainerStatus(pb.ContainerStatusRequest(container_id=created.container_id), timeout=10).status
-        if status.state == pb.CONTAINER_EXITED or time.monotonic() > deadline:
-            return status, (logs / f"{name}.log").read_text(errors="replace") if (logs / f"{name}.log").exists() else ""
-        time.sleep(0.1)
 
 
 def test_claim_devices_reach_a_container_through_containerd_cri(fake_driver_factory: Any, tmp_path: Path) -> None:
@@ -105,13 +66,8 @@ def test_claim_devices_reach_a_container_through_containerd_cri(fake_driver_fact
                 ids = [i for d in answer.devices for i in d.cdi_device_ids]
                 stub = pb_grpc.RuntimeServiceStub(channel)
                 assert stub.Version(pb.VersionRequest(version="v1"), timeout=10).runtime_version.startswith("1.7")
-                sandbox_config = pb.PodSandboxConfig(
-                    metadata=pb.PodSandboxMetadata(name="p1", uid="p1-uid", namespace="default"),
-                    log_directory=str(logs),
-                    linux=pb.LinuxPodSandboxConfig(security_context=pb.LinuxSandboxSecurityContext(
-                        namespace_options=pb.NamespaceOption(network=pb.NODE))))
-                sandbox = stub.RunPodSandbox(pb.RunPodSandboxRequest(config=sandbox_config), timeout=120).pod_sandbox_id
-                status, out = _run(pb, stub, sandbox, sandbox_config, "c", ids, logs)
+                sandbox, sandbox_config = host_sandbox(pb, stub, logs)
+                status, out = run_container(pb, stub, sandbox, sandbox_config, "c", ids, logs)
                 assert status.exit_code == 0, f"{status.reason}: {status.message}\n{out}"
                 assert "GPUS: nvidia0 nvidia1\n" in out and "LIBCUDA: yes" in out, out  # exactly the claim's two
                 stub.RemoveContainer(pb.RemoveContainerRequest(container_id=status.id), timeout=30)
@@ -119,7 +75,7 @@ def test_claim_devices_reach_a_container_through_containerd_cri(fake_driver_fact
                 assert kubelet.unprepare(("default", UID, "pair")).claims[UID].error == ""
                 assert not any(cdi_dir.iterdir())
                 with pytest.raises(grpc.RpcError) as refused:  # the ids resolve no more
-                    _run(pb, stub, sandbox, sandbox_config, "again", ids, logs)
+                    run_container(pb, stub, sandbox, sandbox_config, "again", ids, logs)
                 assert "unresolvable CDI devices" in (refused.value.details() or "")
                 stub.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sandbox), timeout=60)
                 stub.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sandbox), timeout=60)

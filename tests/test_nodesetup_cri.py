@@ -14,10 +14,10 @@ from typing import Any
 
 import grpc
 import pytest
+from support.cri import cri_modules, host_sandbox, run_container
 from support.e2e import need, need_root
 from support.k8snode import containerd17, import_images, stop_tasks, write_containerd_config
 from support.kubelet import short_tempdir
-from test_dra_containerd import _run, cri_modules
 from test_nodesetup import containerd_pid, dump, snapshot, supervised_containerd, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -70,13 +70,8 @@ def test_node_setup_turns_cdi_on_and_a_cri_container_gets_its_gpu(fake_driver: A
                 wait_for("the CRI to answer", lambda: _answers(pb, stub))
                 logs = node / "logs"
                 logs.mkdir()
-                sandbox_config = pb.PodSandboxConfig(
-                    metadata=pb.PodSandboxMetadata(name="p1", uid="p1-uid", namespace="default"),
-                    log_directory=str(logs),
-                    linux=pb.LinuxPodSandboxConfig(security_context=pb.LinuxSandboxSecurityContext(
-                        namespace_options=pb.NamespaceOption(network=pb.NODE))))
-                sandbox = stub.RunPodSandbox(pb.RunPodSandboxRequest(config=sandbox_config), timeout=120).pod_sandbox_id
-                status, out = _run(pb, stub, sandbox, sandbox_config, "c", ["nvidia.com/gpu=1"], logs)
+                sandbox, sandbox_config = host_sandbox(pb, stub, logs)
+                status, out = run_container(pb, stub, sandbox, sandbox_config, "c", ["nvidia.com/gpu=1"], logs)
                 assert status.exit_code == 0, f"{status.reason}: {status.message}\n{out}"
                 assert "GPUS: nvidia1\n" in out and "LIBCUDA: yes" in out, out
                 stub.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sandbox), timeout=60)
