@@ -4,6 +4,7 @@ real inotify) that logs it once."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -23,7 +24,10 @@ NAMES = ("nvidia.com/gpu=GPU-a", "nvidia.com/gpu=GPU-b")
 
 def record(state_dir: str, container_id: str, names: tuple[str, ...]) -> str:
     """hook/cdiignored.record for a marker sealed as the plugin seals it, with the node's key in `state_dir`
-    (made there as the plugin makes it, when the folder can hold it)."""
+    (made there as the plugin makes it, in the folder a node has for it, when a folder can be had there)."""
+    if state_dir:
+        with contextlib.suppress(OSError):
+            os.makedirs(state_dir, exist_ok=True)
     key = ensure_secret(os.path.join(state_dir, PLUGIN_KEY)) if state_dir else b""
     return hook_record.record(state_dir, container_id, names, cdiignored.seal(key, ",".join(names)))
 
@@ -44,7 +48,7 @@ def warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 
 def test_record_is_a_regular_file_the_plugin_parses(tmp_path: Path) -> None:
-    state = tmp_path / "state"  # created on the way, as /run/gpuhook/records on a fresh node
+    state = tmp_path / "state"  # made by record() as a node's hostPath makes /run/gpuhook/records
     note = record(str(state), "c0ffee", NAMES)
     path = state / CDI_IGNORED_RECORD
     assert note == f"runtime ignored CDI devices {','.join(NAMES)}: recorded in {path}"
@@ -213,3 +217,13 @@ def test_the_defaults_meet_on_the_node() -> None:
     assert mount.get("readOnly", False) is False  # the plugin makes the node's key there (plugin.key)
     for beside in (SERVICE_SOCKET, Config().inventory_cache):  # what the plugin's container must not see
         assert not (os.path.dirname(beside) + "/").startswith(STATE_DIR.rstrip("/") + "/"), beside
+
+
+def test_the_nodes_key_is_made_only_in_a_folder_that_exists(tmp_path: Path) -> None:
+    """ensure_secret makes the key (0600, root's) in its folder, never the folder itself: a plugin run where the
+    node has no state dir seals nothing and writes nothing on the host."""
+    missing = tmp_path / "no-such-dir"
+    assert ensure_secret(str(missing / PLUGIN_KEY)) == b"" and not missing.exists()
+    key = ensure_secret(str(tmp_path / PLUGIN_KEY))
+    assert len(key) == 64 and (tmp_path / PLUGIN_KEY).stat().st_mode & 0o777 == 0o600
+    assert ensure_secret(str(tmp_path / PLUGIN_KEY)) == key  # made once, then read

@@ -478,6 +478,7 @@ def test_a_recorded_runtime_that_ignored_cdi_devices_is_one_warning(tmp_path: Pa
     from gpuhook.model.contract import PLUGIN_KEY
 
     def record(state: str, container: str, names: tuple[str, ...]) -> None:  # as the plugin seals its marker
+        os.makedirs(state, exist_ok=True)  # the plugin's folder, where its key is made
         hook_record(state, container, names, seal(ensure_secret(os.path.join(state, PLUGIN_KEY)), ",".join(names)))
 
     state = tmp_path / "state"

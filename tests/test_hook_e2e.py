@@ -183,6 +183,7 @@ def test_a_runtime_that_ignored_cdi_devices_is_recorded_for_the_plugin(e2e: Path
     from gpuhook.model.contract import PLUGIN_KEY
 
     state = e2e / "state"
+    state.mkdir()  # the plugin's, where its key is made
     marker = "GPUHOOK_CDI_DEVICES=" + cdiignored.seal(ensure_secret(str(state / PLUGIN_KEY)), "nvidia.com/gpu=1")
     result, rootfs = run(e2e, fake_driver, ["NVIDIA_VISIBLE_DEVICES=1", marker], {"state_dir": str(state)})
     assert result.returncode == 0, result.stderr

@@ -384,6 +384,7 @@ def test_a_runtime_that_ignored_cdi_devices_is_recorded_for_the_plugin(tmp_path:
     from gpuhook.model.contract import PLUGIN_KEY
 
     state = tmp_path / "state"
+    state.mkdir()  # the plugin's, where its key is made
     sealed = "GPUHOOK_CDI_DEVICES=" + cdiignored.seal(ensure_secret(str(state / PLUGIN_KEY)), "nvidia.com/gpu=1")
     bundle = bundle_with(tmp_path, ["NVIDIA_VISIBLE_DEVICES=1", sealed])  # containerd 1.6: the spec not applied
     config = hook_config(tmp_path, fake_driver.root, state_dir=str(state))

@@ -28,15 +28,15 @@ def read_secret(path: str) -> bytes:
 
 
 def ensure_secret(path: str) -> bytes:
-    """The secret at `path`, made first when missing (32 random bytes, hex, mode 0600); b"" when it cannot be had
-    (no such folder, not root): then nothing is sealed and no record is written."""
+    """The secret at `path`, made first when missing (32 random bytes, hex, mode 0600) in its folder, which must
+    exist (whoever owns the folder makes it: on a node, the DaemonSet's hostPath); b"" when it cannot be had (no
+    such folder, not root): then nothing is sealed and no record is written."""
     found = read_secret(path)
-    if found:
+    if found or not os.path.isdir(os.path.dirname(path)):
         return found
     from gpuhook.fileio.atomic import write_regular
 
     try:
-        os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
         write_regular(path, os.urandom(32).hex().encode() + b"\n", 0o600)
     except (OSError, GpuhookError):
         return b""

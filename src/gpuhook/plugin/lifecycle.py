@@ -207,8 +207,8 @@ class Plugin:
     def _marker_key(self) -> bytes:
         """The node's key Allocate seals its CDI marker with, made in the hooks' state directory when missing
         (b"" without one: an unsealed marker, which no hook records)."""
-        if not self.config.hook_state_dir or not os.path.isdir(self.config.hook_state_dir):
-            return b""  # no state dir on this node (the DaemonSet's hostPath makes it): nothing is made here
+        if not self.config.hook_state_dir:
+            return b""
         from gpuhook.fileio.secret import ensure_secret
         from gpuhook.model.contract import PLUGIN_KEY
 
