@@ -21,14 +21,14 @@ def one_line(text: str) -> str:
     return text.translate(_ESCAPES)
 
 
-def append_log(path: str, line: str, follow_links: bool = False, mode: int = 0o640) -> None:
+def append_log(path: str, line: str, mode: int = 0o640) -> None:
     """Append `line` (one_line) to the log at `path`, whole or not at all; never raises. Never through a link
-    at the name unless `follow_links`."""
+    at the name."""
     if not path:
         return
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY | os.O_NOFOLLOW
     try:
-        fd = os.open(path, flags | (0 if follow_links else os.O_NOFOLLOW), mode)
+        fd = os.open(path, flags, mode)
     except OSError:
         return
     try:

@@ -396,7 +396,7 @@ def runtime_log(inv: Invocation, message: str) -> None:
         line = json.dumps({"level": "error", "msg": message, "time": stamp})
     else:
         line = f"time={json.dumps(stamp)} level=error msg={json.dumps(message)}"
-    append_log(inv.log, line, follow_links=False, mode=0o644)
+    append_log(inv.log, line, mode=0o644)
 
 
 if __name__ == "__main__":
