@@ -24,7 +24,6 @@ from gpuhook.errors import DiscoveryError
 from gpuhook.model import catalogue
 from gpuhook.model.inventory import DriverFile
 
-LIB64_SCAN_DIRS, LIB32_SCAN_DIRS = catalogue.LIB64_SCAN_DIRS, catalogue.LIB32_SCAN_DIRS
 ELF_MACHINE = {64: 62, 32: 3}  # EM_X86_64, EM_386
 # The libraries whose folders are the driver's library folders.
 ANCHORS: tuple[str, ...] = ("libcuda", "libnvidia-ml")
@@ -33,9 +32,14 @@ SUBFOLDERS: tuple[str, ...] = ("", "vdpau")
 JSON_LIMIT = 1 << 16
 
 
+def _scan_dirs(bits: int) -> tuple[str, ...]:
+    """The folders searched for a `bits`-bit library (catalogue's, the fingerprint's too)."""
+    return catalogue.LIB64_SCAN_DIRS if bits == 64 else catalogue.LIB32_SCAN_DIRS
+
+
 def ldcache_index(driver_root: str) -> dict[tuple[str, int], str]:
     """(soname, bits) -> canonical path from the root's /etc/ld.so.cache; empty when there is none."""
-    path = join(driver_root, "/etc/ld.so.cache")
+    path = join(driver_root, catalogue.LD_CACHE)
     if not os.path.exists(path):
         return {}
     try:
@@ -112,7 +116,7 @@ class _Libraries:
         for name in ANCHORS:
             wanted = f"{name}.so.{self.version}"
             candidates = [self.cache.get((f"{name}.so.{ANCHOR_SONAME_VERSION}", bits), "")]
-            candidates += [posixpath.join(d, wanted) for d in (LIB64_SCAN_DIRS if bits == 64 else LIB32_SCAN_DIRS)]
+            candidates += [posixpath.join(d, wanted) for d in _scan_dirs(bits)]
             for candidate in filter(None, candidates):
                 hit = _found(self.root, candidate)
                 if hit is None or posixpath.basename(hit[0]) != wanted or _elf(hit[1], bits) is None:
@@ -149,7 +153,7 @@ class _Libraries:
             return
         keys = [k for k in (wanted, spec.soname(self.version)) if k]
         candidates = [self.cache.get((k, bits), "") for k in keys]
-        dirs = [*folders, *(LIB64_SCAN_DIRS if bits == 64 else LIB32_SCAN_DIRS)]
+        dirs = [*folders, *_scan_dirs(bits)]
         candidates += [posixpath.join(d, spec.subdir, wanted) for d in dirs]
         for candidate in filter(None, candidates):
             hit = _found(self.root, candidate)
@@ -162,7 +166,7 @@ class _Libraries:
             candidates = [soname]
         else:
             candidates = [self.cache.get((soname, bits), "")]
-            candidates += [posixpath.join(d, soname) for d in [*folders, *LIB64_SCAN_DIRS]]
+            candidates += [posixpath.join(d, soname) for d in [*folders, *catalogue.LIB64_SCAN_DIRS]]
         for candidate in filter(None, candidates):
             hit = _found(self.root, candidate)
             if hit is not None:
