@@ -594,10 +594,9 @@ class Service:
         return wait
 
     def _ahead_due(self) -> bool:
-        """Whether to fork a worker ahead now: the service is idle (no start in any child), has no idle worker,
-        room for one more, and ahead_after has passed."""
-        return not self.children and len(self.workers) < MAX_WORKERS and time.monotonic() >= self.ahead_after \
-            and not any(not w.busy for w in self.workers.values())
+        """Whether to fork a worker ahead now: the service has no worker at all (a busy one is among the children:
+        with none, any worker would be idle) and no start in a child, and ahead_after has passed."""
+        return not self.children and not self.workers and time.monotonic() >= self.ahead_after
 
     def _stop(self, _sig: int, _frame: object) -> None:
         self.stopping = True
@@ -628,12 +627,11 @@ class Service:
         while self.children or self.workers or self.spent:
             try:
                 pid, status = os.waitpid(-1, flags)
-            except ChildProcessError:
+            except ChildProcessError:  # none left at all: nothing of theirs is kept
                 for conn in self.children.values():
                     conn.close()
                 self.children.clear()
                 self.late.clear()
-                self.spent.clear()
                 for worker in list(self.workers.values()):
                     self._let_go(worker)
                 self.spent.clear()
