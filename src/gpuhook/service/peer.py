@@ -51,7 +51,8 @@ class Peer:
         self.proc_fd, self.mnt_ns = -1, None
 
 
-def _ns_id(path: str, dir_fd: int | None = None) -> tuple[int, int]:
+def identity(path: str, dir_fd: int | None = None) -> tuple[int, int]:
+    """What names the file at `path` (a namespace, a folder): its device and inode."""
     st = os.stat(path, dir_fd=dir_fd)
     return st.st_dev, st.st_ino
 
@@ -62,7 +63,7 @@ _OURS: dict[str, tuple[int, int]] = {}
 def _our_ns(kind: str) -> tuple[int, int]:
     """This process's namespace of `kind` (it never changes: the service never calls setns itself)."""
     if kind not in _OURS:
-        _OURS[kind] = _ns_id(f"/proc/self/ns/{kind}")
+        _OURS[kind] = identity(f"/proc/self/ns/{kind}")
     return _OURS[kind]
 
 
@@ -122,7 +123,7 @@ def pin(conn: socket.socket) -> Peer:
         status = _status(proc_fd)
         uid = int(status.get(b"Uid", b"-1").split()[0])
         ppid = int(status.get(b"PPid", b"0").strip() or 0)
-        if _ns_id("ns/user", proc_fd) != _our_ns("user"):
+        if identity("ns/user", proc_fd) != _our_ns("user"):
             raise Refused(f"peer pid {pid} (uid {uid}) is in another user namespace")
         if not int(status.get(b"CapEff", b"0").strip() or b"0", 16) >> CAP_SYS_ADMIN & 1:
             raise Refused(f"peer pid {pid} (uid {uid}) lacks CAP_SYS_ADMIN")

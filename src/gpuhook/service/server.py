@@ -50,7 +50,7 @@ from gpuhook.hook import prestart
 from gpuhook.hook.config import DEFAULT_PATH, Config, load_config
 from gpuhook.model.contract import SERVICE_SOCKET, SERVICE_SOCKET_ENV
 from gpuhook.service import protocol
-from gpuhook.service.peer import Peer, Refused, pin
+from gpuhook.service.peer import Peer, Refused, identity, pin
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -148,11 +148,6 @@ class _Worker:
         return serial < self.forked_at or serial in self.sent
 
 
-def _identity(path: str) -> tuple[int, int]:
-    st = os.stat(path)
-    return st.st_dev, st.st_ino
-
-
 class _Home:
     """A worker's own state, taken before its first start: its mount namespace, root, cwd, umask, descriptors.
     back() returns there after a start (which joined a container's mount namespace, or a private copy of it for
@@ -163,7 +158,7 @@ class _Home:
         self.cwd = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         self.umask = os.umask(0o022)
         os.umask(self.umask)
-        self.root, self.ns_id = _identity("/"), _identity("/proc/thread-self/ns/mnt")
+        self.root, self.ns_id = identity("/"), identity("/proc/thread-self/ns/mnt")
         self.fds = sorted(os.listdir("/proc/self/fd"))
 
     def back(self) -> bool:
@@ -173,7 +168,7 @@ class _Home:
             _native.setns(self.ns, _native.CLONE_NEWNS)  # root and cwd become that namespace's root: ours again
             os.fchdir(self.cwd)
             os.umask(self.umask)
-            if _identity("/") != self.root or _identity("/proc/thread-self/ns/mnt") != self.ns_id:
+            if identity("/") != self.root or identity("/proc/thread-self/ns/mnt") != self.ns_id:
                 return False
             if sorted(os.listdir("/proc/self/fd")) != self.fds or len(os.listdir("/proc/self/task")) != 1:
                 return False
