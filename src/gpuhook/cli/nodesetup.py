@@ -12,6 +12,7 @@ import click
 from gpuhook.errors import GpuhookError
 from gpuhook.model.record import replace
 from gpuhook.nodesetup import runtime as runtime_mod
+from gpuhook.nodesetup.journal import host_path
 from gpuhook.nodesetup.setup import (
     DEFAULT_PREFIX,
     RUNTIMES,
@@ -76,13 +77,7 @@ def _links(opts: Options, dev_root: str, proc_root: str) -> list[tuple[str, str]
     except GpuhookError as exc:
         click.echo(f"warning: no /dev/char links ({exc})", err=True)
         return []
-    host = os.path.realpath(opts.host_root)
-    out = []
-    for link, target in wanted_links(inv, opts.dev_char):
-        if host != "/":
-            target = "/" + os.path.relpath(target, host)
-        out.append((link, target))
-    return out
+    return [(link, host_path(opts.host_root, target)) for link, target in wanted_links(inv, opts.dev_char)]
 
 
 def _install(opts: Options) -> None:

@@ -28,6 +28,7 @@ import tomlkit
 
 from gpuhook.errors import GpuhookError, clip
 from gpuhook.model.record import Record
+from gpuhook.nodesetup.journal import host_path
 from gpuhook.runtimeconfig import runtimes
 from gpuhook.runtimeconfig.files import FileChange
 from gpuhook.runtimeconfig.tomledit import add_items, check
@@ -134,10 +135,7 @@ def plan(runtime: str, daemon: Daemon | None, root: str, config: str, hook: str,
 
 def _host(change: FileChange, root: str) -> FileChange:
     """A runtimeconfig change (paths through the host mount) with the host's own path."""
-    path = change.path
-    if root != "/":
-        path = "/" + os.path.relpath(path, os.path.realpath(root))
-    return FileChange(path, change.old, change.new)
+    return FileChange(host_path(root, change.path), change.old, change.new)
 
 
 def containerd_dropin(root: str, config: str) -> list[FileChange]:

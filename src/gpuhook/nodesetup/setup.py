@@ -15,7 +15,7 @@ from gpuhook.errors import GpuhookError
 from gpuhook.fileio.atomic import write_atomic
 from gpuhook.model.record import Record, field
 from gpuhook.nodesetup import payload, runtime
-from gpuhook.nodesetup.journal import Journal
+from gpuhook.nodesetup.journal import Journal, seen_from
 
 DEFAULT_PREFIX = "/usr/local/gpuhook"
 JOURNAL = "node-setup.json"
@@ -41,7 +41,7 @@ class Report(Record, frozen=False):
 
 
 def real(opts: Options, host_path: str) -> str:
-    return host_path if opts.host_root == "/" else os.path.join(opts.host_root, host_path.lstrip("/"))
+    return seen_from(opts.host_root, host_path)
 
 
 def journal_path(opts: Options) -> str:
