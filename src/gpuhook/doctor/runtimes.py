@@ -48,6 +48,8 @@ except ImportError:  # pragma: no cover
     HOOKS_DIRS = ("/usr/share/containers/oci/hooks.d", "/etc/containers/oci/hooks.d")
 
 RUNTIMES = ("runc", "podman", "containerd", "crio", "docker")
+# runtime -> the Paths field of its one config file
+CONFIG_FIELDS = {"containerd": "containerd_config", "crio": "crio_config", "docker": "docker_config"}
 BINARIES = {"runc": "runc", "podman": "podman", "containerd": "containerd", "crio": "crio", "docker": "dockerd"}
 # The first release of each runtime that reads CDI specs (Docker: features.cdi; containerd: enable_cdi).
 CDI_SINCE = {"docker": (25,), "containerd": (1, 7)}
@@ -79,10 +81,8 @@ class Paths(Record):
     def configure(self, runtime: str, mode: str) -> str:
         """The `gpuhook runtime configure` command that fixes `runtime`, naming the config file checked when it
         is not the default one (the running daemon's `--config`)."""
-        field_name = {"containerd": "containerd_config", "crio": "crio_config", "docker": "docker_config"}[runtime]
-        config = getattr(self, field_name)
-        default = {"containerd": CONTAINERD_CONFIG, "crio": CRIO_CONFIG, "docker": DOCKER_CONFIG}[runtime]
-        named = "" if config == default else f" --config {config}"
+        config = getattr(self, CONFIG_FIELDS[runtime])
+        named = "" if config == getattr(Paths, CONFIG_FIELDS[runtime]) else f" --config {config}"
         return f"gpuhook runtime configure --runtime {runtime}{named} --mode {mode}"
 
     @property
@@ -417,7 +417,7 @@ def _docker_gpus(label: str, paths: Paths) -> tuple[bool, list[Finding]]:
 
 def with_config(name: str, paths: Paths, config: str) -> Paths:
     """`paths` with runtime `name`'s config file replaced by the one its running daemon was started with."""
-    field_name = {"containerd": "containerd_config", "crio": "crio_config", "docker": "docker_config"}.get(name)
+    field_name = CONFIG_FIELDS.get(name)
     if field_name:
         return record.replace(paths, **{field_name: config})
     if name == "podman":

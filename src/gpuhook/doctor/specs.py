@@ -46,14 +46,17 @@ class SpecStatus(Record, frozen=False):
 
     def gpu_specs(self, dirs: Sequence[str]) -> list[str]:
         """Paths in `dirs` whose nvidia.com/gpu devices a runtime reading those dirs resolves."""
-        reg = scan(dirs)
-        return sorted({d.spec_path for name, d in reg.devices.items() if name.startswith(CDI_KIND + "=")})
+        return _specs_of_kind(dirs, CDI_KIND)
 
     def plugin_specs(self, dirs: Sequence[str]) -> list[str]:
         """Paths in `dirs` whose device-plugin devices (k8s.device-plugin.nvidia.com/gpu, gpuhook's or NVIDIA's
         plugin) a runtime reading those dirs resolves: how a Kubernetes node's pods get their GPUs."""
-        reg = scan(dirs)
-        return sorted({d.spec_path for name, d in reg.devices.items() if name.startswith(PLUGIN_CDI_KIND + "=")})
+        return _specs_of_kind(dirs, PLUGIN_CDI_KIND)
+
+
+def _specs_of_kind(dirs: Sequence[str], kind: str) -> list[str]:
+    reg = scan(dirs)
+    return sorted({d.spec_path for name, d in reg.devices.items() if name.startswith(kind + "=")})
 
 
 def _nodes(items: Any) -> Nodes:
