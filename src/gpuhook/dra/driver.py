@@ -124,7 +124,7 @@ class Driver:
         self.inventory, self.devices = inv, found
         self.preparer.set_devices(inv, found)
         self._monitor(inv, found)
-        self.driver_version = self._read_driver_version()
+        self.driver_version = loaded_version(self.inventory)
         log.info("%d device(s): %s", len(found), ", ".join(d.name for d in found) or "none")
         self.publisher.changed()
 
@@ -205,9 +205,6 @@ class Driver:
                 log.warning("socket %s gone: serving again", endpoint.path)
                 endpoint.stop(grace=0)
                 endpoint.start()
-
-    def _read_driver_version(self) -> str:
-        return loaded_version(self.inventory)
 
     def _driver_changed(self) -> bool:
         """A loaded driver whose version differs from the one discovered: an upgrade, so discover again."""

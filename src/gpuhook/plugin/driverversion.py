@@ -28,12 +28,12 @@ def loaded_version(inventory: Inventory | None) -> str:
 class VersionWatch:
     """changed(): a loaded driver whose version differs from `known` (an upgrade: discover again)."""
 
-    def __init__(self, interval: float = CHECK_INTERVAL) -> None:
-        self.interval, self.checked = interval, 0.0
+    def __init__(self) -> None:
+        self.checked = 0.0
 
     def changed(self, inventory: Inventory | None, known: str) -> bool:
         now = time.monotonic()
-        if now - self.checked < self.interval:
+        if now - self.checked < CHECK_INTERVAL:
             return False
         self.checked = now
         current = loaded_version(inventory)

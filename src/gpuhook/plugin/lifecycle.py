@@ -142,7 +142,7 @@ class Plugin:
                                            self.config.host_driver_root, self.config.host_dev_root)
             log.info("wrote CDI spec %s", self.spec_path)
         self.inventory, self.resources = inv, resources
-        self.driver_version = self._read_driver_version()
+        self.driver_version = loaded_version(self.inventory)
         self.update_features()
         devices = [d for r in resources for d in r.devices]
         library = self.config.nvml_library
@@ -257,9 +257,6 @@ class Plugin:
         """Rewrite the feature file when the labels changed (inventory or health); cheap when they did not."""
         if self.features is not None and self.inventory is not None:
             self.features.update(self.inventory, self.board.unhealthy)
-
-    def _read_driver_version(self) -> str:
-        return loaded_version(self.inventory)
 
     def _driver_changed(self) -> bool:
         """A loaded driver whose version differs from the one discovered: an upgrade, so discover again."""
