@@ -161,16 +161,11 @@ def stranded_source() -> str:
 
 def _check(python: str, paths: Sequence[str]) -> None:
     """Import the hook's modules the way the script will (-IS, only `paths`), before anything is written."""
-    import subprocess
-
     from gpuhook.errors import GpuhookError
+    from gpuhook.hook.installed import import_problem
 
-    code = (f"import sys; sys.path += {list(paths)!r}; "
-            "import gpuhook.cli.entry, gpuhook.cli.leave, gpuhook.hook.prestart, gpuhook._native")
-    result = subprocess.run([python, "-IS", "-c", code], stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                            check=False)  # fmt: skip
-    if result.returncode != 0:
-        last = (result.stderr.strip().splitlines() or [f"exit status {result.returncode}"])[-1]
+    last = import_problem(python, list(paths))
+    if last:
         raise GpuhookError(f"{python} -IS cannot import the hook with {list(paths)}: {last}")
 
 

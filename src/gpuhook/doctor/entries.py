@@ -11,7 +11,7 @@ import subprocess
 from collections.abc import Sequence
 
 from gpuhook.doctor.model import OK, PROBLEM, Finding
-from gpuhook.hook.installed import DEFAULT_PATH, FALLBACK_SUFFIX, is_ours
+from gpuhook.hook.installed import DEFAULT_PATH, FALLBACK_SUFFIX, import_problem, is_ours
 from gpuhook.model.contract import PACKAGED_HOOK_PATH
 
 FIX = "reinstall gpuhook, then run `gpuhook hook install`"
@@ -49,13 +49,8 @@ def _problem(path: str) -> str:
         folders = ast.literal_eval(paths)
     except (ValueError, SyntaxError):
         return f"{script} is not an entry gpuhook wrote (its sys.path line does not parse)"
-    code = f"import sys; sys.path += {folders!r}; import gpuhook.cli.entry, gpuhook.hook.prestart, gpuhook._native"
     try:
-        result = subprocess.run([python, "-IS", "-c", code], stdin=subprocess.DEVNULL, capture_output=True,
-                                text=True, timeout=30, check=False)
+        last = import_problem(python, folders, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"{python} does not run ({exc})"
-    if result.returncode != 0:
-        last = (result.stderr.strip().splitlines() or [f"exit status {result.returncode}"])[-1]
-        return f"gpuhook does not import with {python} from {folders} ({last})"
-    return ""
+    return f"gpuhook does not import with {python} from {folders} ({last})" if last else ""

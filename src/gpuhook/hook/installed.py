@@ -35,3 +35,20 @@ def is_ours(path: str) -> bool | None:
             return MARKER.encode() in head
     except OSError:
         return False
+
+
+# What the entry script imports (cli/entry.entry_script), and so what must import for an entry to run.
+ENTRY_MODULES = ("gpuhook.cli.entry", "gpuhook.cli.leave", "gpuhook.hook.prestart", "gpuhook._native")
+
+
+def import_problem(python: str, paths: list[str], timeout: float | None = None) -> str:
+    """Why `python -IS` cannot import the entry's modules from `paths` alone, as the entry script runs (its last
+    line of stderr); '' when it can. Install checks before writing an entry, doctor an installed one."""
+    import subprocess
+
+    code = f"import sys; sys.path += {list(paths)!r}; import {', '.join(ENTRY_MODULES)}"
+    result = subprocess.run([python, "-IS", "-c", code], stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                            timeout=timeout, check=False)  # fmt: skip
+    if result.returncode == 0:
+        return ""
+    return (result.stderr.strip().splitlines() or [f"exit status {result.returncode}"])[-1]
