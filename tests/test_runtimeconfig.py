@@ -814,3 +814,18 @@ def test_docker_notes_a_default_runtime_it_leaves_in_place(tmp_path: Path, capsy
     assert code == 0
     assert "\"default-runtime\": \"nvidia\" left in place: every container still goes through 'nvidia' (NVIDIA's" in err
     assert json.loads(daemon.read_text())["default-runtime"] == "nvidia"
+
+
+@pytest.mark.parametrize(("runtime", "args", "expected"), [
+    ("containerd", ["--config", "/a.toml", "-c", "/b.toml"], "/b.toml"),  # the last one wins, as Go's flags do
+    ("containerd", ["-c=/a.toml", "--log-level", "debug"], "/a.toml"),
+    ("crio", ["--config=/etc/crio/x.conf"], "/etc/crio/x.conf"),
+    ("docker", ["--config-file", "/d.json", "--config", "/not-dockerd's"], "/d.json"),
+    ("containerd", ["--config"], None),  # a flag with no value names nothing
+    ("crio", [], None),
+])
+def test_a_daemons_config_option_is_read_as_it_reads_it(runtime: str, args: list[str], expected: str | None) -> None:
+    """doctor and node-setup find a running daemon's config file with one reading of its command line."""
+    from gpuhook.runtimeconfig.runtimes import CONFIG_OPTIONS, option_value
+
+    assert option_value(args, CONFIG_OPTIONS[runtime]) == expected

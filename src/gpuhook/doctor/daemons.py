@@ -13,12 +13,13 @@ from collections.abc import Iterable, Sequence
 import psutil
 
 from gpuhook.model.record import Record
+from gpuhook.runtimeconfig.runtimes import CONFIG_OPTIONS, option_value
 
 # runtime -> (process names, config options on its command line); containerd-shim* and friends are not daemons
 DAEMONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "containerd": (("containerd",), ("--config", "-c")),
-    "docker": (("dockerd",), ("--config-file",)),
-    "crio": (("crio",), ("--config", "-c")),
+    "containerd": (("containerd",), CONFIG_OPTIONS["containerd"]),
+    "docker": (("dockerd",), CONFIG_OPTIONS["docker"]),
+    "crio": (("crio",), CONFIG_OPTIONS["crio"]),
     "podman": (("podman",), ()),  # only `podman system service`; its config comes from CONTAINERS_CONF
 }
 PODMAN_CONFIG_ENV = "CONTAINERS_CONF"
@@ -50,18 +51,6 @@ class Daemon(Record):
 
 # dockerd starts its own containerd with a config under its exec root (/var/run/docker/containerd/containerd.toml)
 DOCKER_MANAGED_CONFIG = "/containerd/containerd.toml"
-
-
-def option_value(args: Sequence[str], names: Sequence[str]) -> str | None:
-    """The last `--name VALUE` / `--name=VALUE` in `args` (the last one wins, as Go's flag parsing does)."""
-    value = None
-    for i, arg in enumerate(args):
-        for name in names:
-            if arg == name and i + 1 < len(args):
-                value = args[i + 1]
-            elif arg.startswith(name + "="):
-                value = arg[len(name) + 1:]
-    return value
 
 
 def _runtime_of(name: str, args: Sequence[str]) -> str | None:

@@ -36,7 +36,6 @@ from gpuhook.runtimeconfig.tomledit import add_items, check
 DROPIN = "99-gpuhook.toml"
 RESTART_MODES = ("systemd", "signal", "none")
 CONFIGS = {"containerd": runtimes.CONTAINERD_CONFIG, "crio": runtimes.CRIO_CONFIG}
-CONFIG_FLAGS = ("--config", "-c", "--config-file")
 MAX_CMDLINE = 1 << 16
 
 
@@ -49,16 +48,6 @@ class Daemon(Record):
 def _cmdline(pid: int) -> list[str]:
     with open(f"/proc/{pid}/cmdline", "rb") as f:
         return [a.decode(errors="replace") for a in f.read(MAX_CMDLINE).split(b"\0") if a]
-
-
-def _config_arg(args: list[str], default: str) -> str:
-    for i, arg in enumerate(args):
-        for flag in CONFIG_FLAGS:
-            if arg == flag and i + 1 < len(args):
-                return args[i + 1]
-            if arg.startswith(flag + "="):
-                return arg[len(flag) + 1:]
-    return default
 
 
 def find_daemon(name: str, real_config: str, host_config: str) -> Daemon | None:
@@ -78,7 +67,7 @@ def find_daemon(name: str, real_config: str, host_config: str) -> Daemon | None:
                 if f.read().strip() != name:
                     continue
             args = _cmdline(pid)
-            config = _config_arg(args[1:], host_config)
+            config = runtimes.option_value(args[1:], runtimes.CONFIG_OPTIONS[name]) or host_config
             exe = os.readlink(f"/proc/{pid}/exe")
         except OSError:
             continue

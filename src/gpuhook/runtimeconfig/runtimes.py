@@ -52,6 +52,8 @@ BASE_SPEC_NAME = "gpuhook-base-spec.json"
 CRIO_CONFIG = "/etc/crio/crio.conf"
 CRIO_DROPIN = "/etc/crio/crio.conf.d/99-gpuhook.conf"
 DOCKER_CONFIG = "/etc/docker/daemon.json"
+# The option naming a daemon's config file on its command line.
+CONFIG_OPTIONS = {"containerd": ("--config", "-c"), "crio": ("--config", "-c"), "docker": ("--config-file",)}
 DOCKER_RUNTIME = "gpuhook"
 RUNTIME_SHIM = "gpuhook-runtime"
 PODMAN_CONFIG = "/etc/containers/containers.conf"
@@ -113,6 +115,18 @@ def _check_options(opts: Options) -> None:
                         ("--hook-config", opts.hook_config)):
         if value is not None and not os.path.isabs(value):
             raise ConfigError(f"{name} must be an absolute path, not {value!r}")
+
+
+def option_value(args: Sequence[str], names: Sequence[str]) -> str | None:
+    """The last `--name VALUE` / `--name=VALUE` in `args` (the last one wins, as Go's flag parsing does)."""
+    value = None
+    for i, arg in enumerate(args):
+        for name in names:
+            if arg == name and i + 1 < len(args):
+                value = args[i + 1]
+            elif arg.startswith(name + "="):
+                value = arg[len(name) + 1:]
+    return value
 
 
 def under(root: str, path: str) -> str:
