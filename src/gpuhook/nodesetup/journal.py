@@ -15,18 +15,15 @@ import stat
 
 from gpuhook.errors import GpuhookError
 from gpuhook.fileio.atomic import read_regular, write_atomic
+from gpuhook.runtimeconfig.runtimes import under
 
 VERSION = 1
 MAX_SAVED = 1 << 20  # a runtime config is a few KiB; anything larger is not one
 
 
-def seen_from(root: str, path: str) -> str:
-    """`path` (the host's own) as seen through the host mount at `root`."""
-    return path if root == "/" else os.path.join(root, path.lstrip("/"))
-
-
 def host_path(root: str, seen: str) -> str:
-    """The host's own path of `seen`, a path under the host mount at `root` (seen_from's inverse)."""
+    """The host's own path of `seen`, a path under the host mount at `root` (runtimeconfig.runtimes.under's
+    inverse)."""
     host = os.path.realpath(root)
     return seen if host == "/" else "/" + os.path.relpath(seen, host)
 
@@ -39,7 +36,7 @@ class Journal:
         self.path, self.root, self.entries = path, root, entries or []
 
     def real(self, host_path: str) -> str:
-        return seen_from(self.root, host_path)
+        return under(self.root, host_path)
 
     @classmethod
     def load(cls, path: str, root: str) -> Journal | None:

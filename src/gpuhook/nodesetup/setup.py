@@ -15,7 +15,8 @@ from gpuhook.errors import GpuhookError
 from gpuhook.fileio.atomic import write_atomic
 from gpuhook.model.record import Record, field
 from gpuhook.nodesetup import payload, runtime
-from gpuhook.nodesetup.journal import Journal, seen_from
+from gpuhook.nodesetup.journal import Journal
+from gpuhook.runtimeconfig.runtimes import under
 
 DEFAULT_PREFIX = "/usr/local/gpuhook"
 JOURNAL = "node-setup.json"
@@ -41,7 +42,8 @@ class Report(Record, frozen=False):
 
 
 def real(opts: Options, host_path: str) -> str:
-    return seen_from(opts.host_root, host_path)
+    """`host_path` as seen from here, through the host mount at --host-root."""
+    return under(opts.host_root, host_path)
 
 
 def journal_path(opts: Options) -> str:
