@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from gpuhook.hook.config import Config
     from gpuhook.hook.plan import Decided, Planned
     from gpuhook.model.request import Request
+    from gpuhook.oci.bundle import Bundle
 
 STAGES = ("prestart", "createRuntime")
 USAGE = "usage: gpuhook-hook [--config FILE] [prestart|createRuntime]  (OCI state JSON on stdin)"
@@ -174,19 +175,15 @@ def _inject(config: Config, decided: Decided, disposable: bool, via_fd: int | No
 
 def without_config(state_text: bytes, error: GpuhookError) -> str:
     """The log summary of a container that starts although its config could not be read (it asks for no GPU);
-    raises `error` for one that asks for a GPU, or whose state cannot be read."""
-    from gpuhook.errors import render
-    from gpuhook.hook import unreadconfig
+    raises `error` for one that asks for a GPU, or whose state cannot be read (hook/unreadconfig)."""
+    from gpuhook.hook.unreadconfig import started_without
 
-    try:
+    def read() -> tuple[Bundle, dict[str, str]]:
         state = parse_state(state_text)
         bundle = load_bundle(state.bundle)
-        gpu = unreadconfig.asks_for_gpu(bundle, {**bundle.annotations, **state.annotations})
-    except GpuhookError:
-        raise error from None
-    if gpu:
-        raise error
-    return f"{state.id} skip" + unreadconfig.note(render(error))
+        return bundle, {**bundle.annotations, **state.annotations}
+
+    return f"{state_id(state_text)} skip" + started_without(error, read)
 
 
 def config_path_for(argv: list[str], config_env: str | None) -> str | None:

@@ -13,6 +13,9 @@ from gpuhook.model import contract
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from gpuhook.errors import GpuhookError
     from gpuhook.oci.bundle import Bundle
 
 
@@ -45,3 +48,18 @@ def asks_for_gpu(bundle: Bundle, annotations: dict[str, str] | None) -> bool:
 def note(error: str) -> str:
     """The log summary's note for a container started although the config could not be read."""
     return f" (config not read, no GPU asked: {error})"
+
+
+def started_without(error: GpuhookError, read: Callable[[], tuple[Bundle, dict[str, str] | None]]) -> str:
+    """note() for a container that starts although its config could not be read (`error`): it asks for no GPU.
+    Raises `error` for one that asks for a GPU, or whose bundle cannot be read (`read`: the bundle, and the
+    annotations asks_for_gpu takes)."""
+    from gpuhook.errors import GpuhookError, render
+
+    try:
+        gpu = asks_for_gpu(*read())
+    except GpuhookError:
+        raise error from None
+    if gpu:
+        raise error
+    return note(render(error))

@@ -273,16 +273,10 @@ def prepare(inv: Invocation, config_path: str | None) -> tuple[str, str]:
     try:
         config = load_config(config_path)
     except GpuhookError as exc:  # only a container that asks for a GPU fails with it (hook/unreadconfig)
-        from gpuhook.hook import unreadconfig
+        from gpuhook.hook.unreadconfig import fallback_log, started_without
 
-        try:
-            gpu = unreadconfig.asks_for_gpu(load_bundle(inv.bundle), None)
-        except GpuhookError:
-            raise exc from None
-        if gpu:
-            raise
-        return unreadconfig.fallback_log(config_path), \
-            f"{inv.container_id} runtime skip" + unreadconfig.note(render(exc))
+        return fallback_log(config_path), f"{inv.container_id} runtime skip" + started_without(
+            exc, lambda: (load_bundle(inv.bundle), None))
     bundle = load_bundle(inv.bundle)
     privileged = is_privileged(bundle.process, bundle.oci_version)
     request = parse_request(bundle.env, bundle.mounts, bundle.annotations, privileged, config.policy)
