@@ -401,7 +401,8 @@ def test_a_state_over_the_services_bound_goes_whole_to_the_fallback(native: Path
 
 def _fake_service(sock: Path, behaviour: str) -> tuple[socket.socket, threading.Thread, list[protocol.Request]]:
     """A server that accepts one connection and then hangs ("hang"), reads the request and closes ("die"), answers
-    DECLINED ("decline"), or says TAKING, reads GO and then closes without an answer ("taken-die")."""
+    DECLINED ("decline"), says TAKING, reads GO and then closes without an answer ("taken-die"), or refuses the
+    request unread: DECLINED ("refuse-unread") or nothing ("close-unread"), then closes."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(sock))
     listener.listen(1)
@@ -412,6 +413,10 @@ def _fake_service(sock: Path, behaviour: str) -> tuple[socket.socket, threading.
         with conn:
             if behaviour == "hang":
                 time.sleep(3)
+                return
+            if behaviour.endswith("-unread"):
+                if behaviour == "refuse-unread":
+                    conn.sendall(protocol.encode_answer(protocol.DECLINED, ""))
                 return
             got.append(protocol.read_request(conn))
             if behaviour == "decline":
@@ -446,6 +451,27 @@ def test_a_service_that_did_not_take_the_start_leaves_it_to_the_fallback(native:
     assert marker.read_text() == f"ran in-process (service {sock} {why})\n"
     if behaviour != "hang":
         assert [request.state for request in got] == [body]  # it had the request whole, and still did nothing
+
+
+@pytest.mark.parametrize(("behaviour", "why"), [
+    ("refuse-unread", "declined the call"),
+    ("close-unread", "closed before it read the call"),
+])  # fmt: skip
+def test_a_request_refused_before_it_was_sent_whole_is_the_fallbacks(native: Path, root_tmp: Path, behaviour: str,
+                                                                      why: str) -> None:
+    """A service that refuses a request before the entry could send all of it (a state bigger than the socket's
+    buffer: the entry's send meets the closed end) leaves the start to the fallback, which is told the service's
+    own word when it came (DECLINED), else that the service closed."""
+    marker = root_tmp / "fallback-ran"
+    no_fallback(native, marker)
+    sock = root_tmp / f"{behaviour}.sock"
+    listener, thread, _ = _fake_service(sock, behaviour)
+    body = b'{"id": "x", "pid": 1, "pad": "' + b"x" * (900 << 10) + b'"}'
+    result = run_native(native, sock, ["prestart"], body, ack_ms=5000)
+    thread.join(5)
+    listener.close()
+    assert (result.returncode, result.stderr) == (3, "gpuhook-hook: fallback ran\n")
+    assert marker.read_text() == f"ran in-process (service {sock} {why})\n"
 
 
 def test_a_service_that_took_the_start_and_died_is_one_line_never_a_second_run(native: Path, root_tmp: Path) -> None:

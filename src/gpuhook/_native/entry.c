@@ -464,6 +464,15 @@ static int send_request(int s, char *msg, size_t total, int pid_fd, const struct
     return 0;
 }
 
+/* The request could not be sent whole (send_request: the service closed its end). A service that refused it
+ * unread answered DECLINED first: say so when that answer is there to read; either way the call stays ours. */
+static void undelivered(int s, const struct call *c) {
+    unsigned char ans[8];
+    ssize_t r = recv(s, ans, sizeof ans, MSG_DONTWAIT | MSG_PEEK);
+    if (r == (ssize_t)sizeof ans && be32(ans) == DECLINED && be32(ans + 4) == 0) lost(c, "declined the call");
+    lost(c, "closed before it read the call");
+}
+
 /* Whether ans[0..n) is a whole answer already, by its lengths (a hook's: code, stderr; a command's: and its
  * stdout part): a child's answer is, before the connection ends (the service keeps a copy of the connection
  * until it reaps the child). A command's refusal comes without a stdout part and is whole at the end. */
@@ -566,7 +575,7 @@ static int command(int argc, char **argv) {
     int s = connect_service(&c);
     size_t total, got;
     char *msg = frame(h.p, h.n, NULL, 0, &total);
-    if (send_request(s, msg, total, -1, &c)) lost(&c, "closed before it read the call");
+    if (send_request(s, msg, total, -1, &c)) undelivered(s, &c);
     unsigned char *ans = recv_answer(s, 12 + MAX_ANSWER + MAX_OUTPUT, &got, &c);
     close(s);
     /* u32 code | u32 stderr length | stderr | u32 stdout length | stdout (protocol.decode_answer) */
@@ -639,17 +648,17 @@ static int cdi_hook(int argc, char **argv) {
     if (h.over) fail("arguments are too long for the service", NULL);
     size_t total;
     char *msg = frame(h.p, h.n, NULL, 0, &total);
-    int undelivered = send_request(s, msg, total, -1, &c);
+    int unsent = send_request(s, msg, total, -1, &c);
     char *state = read_state(&len, &over);
     c.state = state, c.len = len;
     if (over) {
         close(s);
         fallback(argv, state, len, 1);
     }
-    if (undelivered) lost(&c, "closed before it read the call");
+    if (unsent) undelivered(s, &c);
     char *part = frame(state, len, NULL, 0, &total);
     c.deadline = now_ms() + c.ack;  /* from here: the wait for stdin was the runtime's, not the service's */
-    if (send_request(s, part, total, -1, &c)) lost(&c, "closed before it read the call");
+    if (send_request(s, part, total, -1, &c)) undelivered(s, &c);
     return hook_answer(s, &c);
 }
 
@@ -680,7 +689,7 @@ int main(int argc, char **argv) {
     if (h.over) fail("arguments are too long for the service", NULL);
     size_t total;
     char *msg = frame(h.p, h.n, state, len, &total);
-    if (send_request(s, msg, total, pid_fd, &c)) lost(&c, "closed before it read the call");
+    if (send_request(s, msg, total, pid_fd, &c)) undelivered(s, &c);
     if (pid_fd >= 0) close(pid_fd);
     return hook_answer(s, &c);
 }
