@@ -21,7 +21,7 @@ from support.e2e import need_tool
 from support.runc import busybox_rootfs, make_bundle, need_busybox, runc_run, unique_id
 from support.service import Running, start
 from test_hook_e2e import nodes, write_config
-from test_service import runc_start, plain_bundle, run_native, state
+from test_service import plain_bundle, run_native, runc_start, state
 
 from gpuhook.cli import entry as hook_entry
 from gpuhook.service import protocol
