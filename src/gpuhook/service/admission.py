@@ -8,7 +8,7 @@ deadline (protocol.REQUEST_TIMEOUT_S): a slow or idle client delays nobody.
 An answer the parent made itself (a container without a GPU request, a refused one) carries a log line, so it
 is held: the parent sends TAKING and waits, in its loop (never blocking it), for the client's GO, then writes
 the line and answers; a client that gave up meanwhile (it ran the start itself and logged it) closes or says
-nothing within GO_WAIT_S, and the held answer is dropped. So each start has one line, whatever the timing.
+nothing within calls.GO_WAIT_S, and the held answer is dropped. So each start has one line, whatever the timing.
 """
 
 from __future__ import annotations

@@ -30,7 +30,11 @@ if TYPE_CHECKING:
     from gpuhook.hook.plan import Decided
     from gpuhook.inject.containerhooks import HookArgs
 
-GO_WAIT_S = 2.0  # a process that sent TAKING waits this long for GO, then leaves untouched (the client gave up)
+# A process that sent TAKING waits this long for GO, then leaves untouched. A client reads TAKING within its own
+# bound (entry.c's GPUHOOK_SERVICE_ACK_MS, at most 60 s) and then says GO at once, or it closes (it ran the start
+# itself): either ends the wait, so this bound never decides between the two (on a loaded node a GO can come
+# seconds after TAKING was sent); it only ends the wait on a client that does neither.
+GO_WAIT_S = 61.0
 
 
 class NotTaken(BaseException):  # noqa: N818 - not an error: the client runs the start itself
