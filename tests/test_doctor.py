@@ -60,18 +60,32 @@ def config_file(tmp: Path, **values: Any) -> Path:
 # --- the host --------------------------------------------------------------------------------------------------
 
 
-def test_healthy_host(fake_driver: Any, tmp_path: Path) -> None:
+def test_healthy_host(fake_driver: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A healthy set-up is judged healthy whatever else runs on the machine: the test points the service check at
+    its own socket (none listens there), and a `gpuhook service` of somebody else's, named as one listening
+    elsewhere, is the only warning it may see."""
+    own_socket = tmp_path / "service.sock"
+    monkeypatch.setenv("GPUHOOK_SERVICE_SOCKET", str(own_socket))
     generate(fake_driver, tmp_path / "cdi" / "nvidia.yaml")
     result, report = doctor(*roots(fake_driver), "--spec-dir", str(tmp_path / "cdi"), "--runtime", "podman")
     assert result.exit_code == 0, result.output
-    assert report["ok"] and report["problems"] == 0 and report["warnings"] == 0
+    ours = [f for f in report["findings"] if f["section"] != "service"]
+    assert [f for f in ours if f["status"] in (PROBLEM, WARN)] == [] and report["problems"] == 0
+    service = [f for f in report["findings"] if f["section"] == "service"]
+    assert service[0]["status"] == INFO and f"no gpuhook service at {own_socket}" in service[0]["message"]
+    elsewhere = service[1:]
+    assert all(f["status"] == WARN and "listens at" in f["message"] and str(own_socket) not in
+               f["message"].split(" but ")[0] for f in elsewhere), elsewhere
+    assert report["warnings"] == len(elsewhere)
     assert any("driver 550.54.15 (CUDA 12.4) found through NVML: 2 GPU(s)" in m for m in messages(report, OK))
     assert any("device nodes present" in m for m in messages(report, OK))
     assert any("current" in m for m in messages(report, OK, "cdi"))
     assert any(m.startswith("podman") and "nvidia.com/gpu" in m for m in messages(report, OK, "runtimes"))
     text = CliRunner().invoke(cli, ["doctor", *roots(fake_driver), "--spec-dir", str(tmp_path / "cdi"),
                                     "--runtime", "none"])
-    assert text.exit_code == 0 and text.output.splitlines()[-1] == "no problems found"
+    assert text.exit_code == 0
+    assert text.output.splitlines()[-1] == (f"0 problem(s), {len(elsewhere)} warning(s)" if elsewhere else
+                                            "no problems found")
 
 
 def test_docker_managed_and_other_users_daemons_are_not_judged(fake_daemon: Any, tmp_path: Path) -> None:
