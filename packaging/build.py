@@ -132,11 +132,61 @@ def stage_host_files(stage: Path, site: Path) -> None:
     script = Path(str(hook) + ".py")
     script.write_text(entry_script(f"{PREFIX}/bin/python3", [installed_site]))
     script.chmod(0o755)
+    stage_docs(stage)
     units = stage / "usr" / "lib" / "systemd" / "system"
     units.mkdir(parents=True)
     for unit in UNITS:
         text = (REPO / "runtime-config" / "systemd" / unit).read_text()
         (units / unit).write_text(text.replace("/usr/local/bin/gpuhook ", "/usr/bin/gpuhook "))
+
+
+COPYRIGHT = """Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/
+Upstream-Name: gpuhook
+Source: the gpuhook repository
+
+Files: *
+Copyright: gpuhook developers
+License: Apache-2.0
+
+Files: {prefix}/lib/python*/site-packages/*
+Copyright: their authors
+Comment: gpuhook's Python dependencies, vendored from their wheels; each keeps its own licence and copyright
+ notice in its *.dist-info folder beside it.
+License: various
+
+License: Apache-2.0
+ Licensed under the Apache License, Version 2.0 (the "License"); you may not use this
+ file except in compliance with the License. You may obtain a copy of the License at
+ .
+   http://www.apache.org/licenses/LICENSE-2.0
+ .
+ Unless required by applicable law or agreed to in writing, software distributed under
+ the License is distributed on an "AS IS" BASIS, WITHOUT WARRANTIES OR CONDITIONS OF ANY
+ KIND, either express or implied. See the License for the specific language governing
+ permissions and limitations under the License.
+ .
+ On Debian systems, the complete text of the Apache License, Version 2.0 can be found in
+ /usr/share/common-licenses/Apache-2.0.
+"""
+
+
+def stage_docs(stage: Path) -> None:
+    """/usr/share/doc/gpuhook/copyright, and the man pages made from the commands' own help (manpages.py),
+    gzipped reproducibly as Debian ships them."""
+    import gzip
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import manpages
+
+    doc = stage / "usr" / "share" / "doc" / "gpuhook"
+    doc.mkdir(parents=True)
+    (doc / "copyright").write_text(COPYRIGHT.format(prefix=PREFIX.lstrip("/")))
+    man1 = stage / "usr" / "share" / "man" / "man1"
+    man1.mkdir(parents=True)
+    for name, text in manpages.pages().items():
+        with open(man1 / f"{name}.gz", "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0,
+                                                                   compresslevel=9) as gz:
+            gz.write(text.encode())
 
 
 MAINTAINER_SCRIPTS = {

@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import time
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -200,6 +201,9 @@ def test_deb_installs_starts_a_gpu_container_and_purges_clean(make_root: Any, fa
     assert os.readlink(wants) in ("/usr/lib/systemd/system/gpuhook.socket", "/lib/systemd/system/gpuhook.socket")
     unit = (root.path / "usr/lib/systemd/system/gpuhook.service").read_text()
     assert "ExecStart=/usr/bin/gpuhook service" in unit
+    assert "License: Apache-2.0" in (root.path / "usr/share/doc/gpuhook/copyright").read_text()
+    for page in ("gpuhook", "gpuhook-hook", "gpuhook-runtime"):
+        assert (root.path / f"usr/share/man/man1/{page}.1.gz").is_file(), page
     root.run("apt-get install -y -q --reinstall /tmp/" + deb.name)  # the maintainer scripts are idempotent
 
     assert_gpu_container(gpu_start(root, fake_driver, "/usr/bin/gpuhook-hook", ["NVIDIA_VISIBLE_DEVICES=0"]))
@@ -262,6 +266,10 @@ def test_one_abi3_wheel_serves_every_python(dist: Path, tmp_path: Path, minor: i
     pythons = sorted(PYENV.glob(f"3.{minor}.*/bin/python3"))
     need(bool(pythons), f"no CPython 3.{minor} under {PYENV}")
     (wheel,) = dist.glob("gpuhook-*-cp39-abi3-manylinux_*_x86_64.whl")
+    with zipfile.ZipFile(wheel) as z:  # the licence, in the metadata and as the file
+        info = next(n.rpartition("/")[0] for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+        assert "License-Expression: Apache-2.0" in z.read(f"{info}/METADATA").decode()
+        assert z.read(f"{info}/licenses/LICENSE") == (REPO / "LICENSE").read_bytes()
     venv = tmp_path / "venv"
     subprocess.run([str(pythons[-1]), "-m", "venv", str(venv)], check=True)
     no_cc = {**os.environ, "PATH": f"{venv}/bin:/usr/bin:/bin", "CC": "/nonexistent/cc"}
