@@ -60,8 +60,10 @@ def test_capabilities_default_and_all() -> None:
 
 @pytest.mark.parametrize("value", ["Compute", "gpu", "compute,bogus"])
 def test_capabilities_unknown_fails_naming_it(value: str) -> None:
-    with pytest.raises(RequestError, match="unknown driver capability"):
+    """The error names the unknown word and lists the valid ones (`gpuhook list --capabilities bogus` too)."""
+    with pytest.raises(RequestError, match="unknown driver capability") as raised:
         parse_capabilities(value)
+    assert str(raised.value).endswith("(known: all, compat32, compute, display, graphics, ngx, utility, video)")
 
 
 def test_capabilities_outside_supported_set() -> None:
