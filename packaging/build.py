@@ -9,8 +9,9 @@
    at install time, and Debian 12's python3-jsonschema is older than the 4.18 gpuhook needs) installed into a
    private venv, /usr/lib/gpuhook, whose python3 is the release's /usr/bin/python3.X, which the package depends on
    exactly; /usr/bin/gpuhook and gpuhook-runtime link into it; /usr/bin/gpuhook-hook is the native hook entry and
-   gpuhook-hook.py its Python entry; the systemd units under /usr/lib/systemd/system, gpuhook.socket enabled by
-   postinst (started only where systemd runs). `gpuhook runtime configure` stays the user's step.
+   gpuhook-hook.py its Python entry; the systemd units under /usr/lib/systemd/system, gpuhook.socket and
+   gpuhook-cdi-refresh.service enabled by postinst (started only where systemd runs), the man pages and the
+   copyright file. `gpuhook runtime configure` stays the user's step.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ RELEASES = {"bookworm": ("12", "3.11", 36), "trixie": ("13", "3.13", 41)}
 # not /opt: Debian leaves /opt to the admin, and dpkg takes an /opt no other package ships in away on purge
 PREFIX = "/usr/lib/gpuhook"
 UNITS = ("gpuhook.socket", "gpuhook.service", "gpuhook-cdi-refresh.service")
-ENABLED_UNITS = ("gpuhook.socket",)
+# enabled by postinst: the service's socket, and the CDI refresh (as NVIDIA's toolkit >= 1.18 enables its own)
+ENABLED_UNITS = ("gpuhook.socket", "gpuhook-cdi-refresh.service")
 COMMANDS = ("gpuhook", "gpuhook-runtime")  # console scripts linked into /usr/bin; gpuhook-hook is the entry itself
 MAINTAINER = "gpuhook developers <gpuhook@localhost>"
 
@@ -137,6 +139,7 @@ def stage_host_files(stage: Path, site: Path) -> None:
     units.mkdir(parents=True)
     for unit in UNITS:
         text = (REPO / "runtime-config" / "systemd" / unit).read_text()
+        text = "".join(line for line in text.splitlines(keepends=True) if not line.startswith("# Source install:"))
         (units / unit).write_text(text.replace("/usr/local/bin/gpuhook ", "/usr/bin/gpuhook "))
 
 
@@ -199,13 +202,15 @@ configure|abort-upgrade|abort-deconfigure|abort-remove)
     # the bytecode, as Debian's py3compile would; prerm removes it again
     /usr/bin/python{python} -m compileall -q {prefix}/lib/python{python}/site-packages >/dev/null 2>&1 || true
     if command -v deb-systemd-helper >/dev/null 2>&1; then
-        deb-systemd-helper unmask {enabled} >/dev/null || true
-        # was-enabled is true on a first install: enable; an admin's later `disable` is kept on upgrades
-        if deb-systemd-helper --quiet was-enabled {enabled}; then
-            deb-systemd-helper enable {enabled} >/dev/null || true
-        else
-            deb-systemd-helper update-state {enabled} >/dev/null || true
-        fi
+        for unit in {enabled}; do
+            deb-systemd-helper unmask "$unit" >/dev/null || true
+            # was-enabled is true on a first install: enable; an admin's later `disable` is kept on upgrades
+            if deb-systemd-helper --quiet was-enabled "$unit"; then
+                deb-systemd-helper enable "$unit" >/dev/null || true
+            else
+                deb-systemd-helper update-state "$unit" >/dev/null || true
+            fi
+        done
     fi
     if [ -d /run/systemd/system ]; then
         systemctl --system daemon-reload >/dev/null || true
@@ -274,8 +279,9 @@ def build_deb(wheel: Path, release: str, out: Path, work: Path) -> Path:
         f"Installed-Size: {size_kib}\nDepends: python{python}, libc6\nSection: admin\nPriority: optional\n"
         "Description: NVIDIA GPUs in containers: OCI prestart hook, CDI generator, runtime shim\n"
         f" gpuhook in its own environment under {PREFIX} (Python {python}); `gpuhook`,\n"
-        " `gpuhook-hook` and `gpuhook-runtime` on PATH; gpuhook.socket enabled. Configure\n"
-        " a runtime with `gpuhook runtime configure --runtime RUNTIME`.\n .\n"
+        " `gpuhook-hook` and `gpuhook-runtime` on PATH; gpuhook.socket and\n"
+        " gpuhook-cdi-refresh.service enabled. Configure a runtime with\n"
+        " `gpuhook runtime configure --runtime RUNTIME`.\n .\n"
         " Vendored Python dependencies:\n"
         f"{vendored}\n")
     (debian / "md5sums").write_text("".join(

@@ -88,3 +88,21 @@ def test_the_deb_stages_copyright_and_gzipped_man_pages(tmp_path: Path) -> None:
     assert gzip.decompress(first).startswith(b".TH GPUHOOK 1")
     build.stage_docs(tmp_path / "again")
     assert (tmp_path / "again/usr/share/man/man1/gpuhook.1.gz").read_bytes() == first  # reproducible
+
+
+def test_the_packaged_units_carry_no_source_install_steps(tmp_path: Path) -> None:
+    """The units' source-install comments (copy them, adjust ExecStart) are dropped from the packaged copies,
+    whose ExecStart is the package's /usr/bin/gpuhook; the CDI refresh is among the units postinst enables."""
+    build = _module("build")
+    stage = tmp_path / "stage"
+    site = stage / "usr/lib/gpuhook/lib/python3/site-packages"
+    (site / "gpuhook/_native").mkdir(parents=True)
+    (site / "gpuhook/_native/gpuhook-entry").write_bytes(b"\x7fELF")
+    build.stage_host_files(stage, site)
+    for unit in build.UNITS:
+        text = (stage / "usr/lib/systemd/system" / unit).read_text()
+        assert "Source install" not in text and "Adjust" not in text and "/usr/local/bin" not in text, unit
+    assert "gpuhook-cdi-refresh.service" in build.ENABLED_UNITS
+    postinst = build.MAINTAINER_SCRIPTS["postinst"].format(python="3.11", prefix=build.PREFIX,
+                                                           enabled=" ".join(build.ENABLED_UNITS), units="")
+    assert "for unit in gpuhook.socket gpuhook-cdi-refresh.service; do" in postinst

@@ -199,6 +199,9 @@ def test_deb_installs_starts_a_gpu_container_and_purges_clean(make_root: Any, fa
     assert os.readlink(root.path / "usr/lib/gpuhook/bin/python3") == f"/usr/bin/python{root.python_version()}"
     wants = root.path / "etc/systemd/system/sockets.target.wants/gpuhook.socket"
     assert os.readlink(wants) in ("/usr/lib/systemd/system/gpuhook.socket", "/lib/systemd/system/gpuhook.socket")
+    refresh = root.path / "etc/systemd/system/multi-user.target.wants/gpuhook-cdi-refresh.service"
+    assert os.readlink(refresh).endswith("/systemd/system/gpuhook-cdi-refresh.service")  # as NVIDIA's: on
+    assert "Source install" not in (root.path / "usr/lib/systemd/system/gpuhook-cdi-refresh.service").read_text()
     unit = (root.path / "usr/lib/systemd/system/gpuhook.service").read_text()
     assert "ExecStart=/usr/bin/gpuhook service" in unit
     assert "License: Apache-2.0" in (root.path / "usr/share/doc/gpuhook/copyright").read_text()

@@ -215,6 +215,9 @@ def host_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
                           ("PODMAN_VENDOR_CONFIG", "usr/share/containers/containers.conf"),
                           ("DEFAULT_HOOKS_DIR", "etc/containers/oci/hooks.d")]:
         monkeypatch.setattr(runtimes, name, str(host / default))
+    from gpuhook.system import units  # no test asks the host's systemd (`gpuhook uninstall` disables units)
+
+    monkeypatch.setattr(units, "SYSTEMD_RUNNING", str(host / "run/systemd/system"))
     return host
 
 
