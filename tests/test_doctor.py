@@ -334,7 +334,7 @@ def test_legacy_cuda_image_and_disabled_requirements(fake_driver: Any, tmp_path:
 
 def test_doctor_says_which_term_decided(fake_driver: Any, tmp_path: Path) -> None:
     """A CUDA image's forward-compatibility term (brand=nvidia,driver>=550,...) is what lets it start on a CUDA
-    12.4 host: doctor names that term, the host values, and the rule itself (issue 24)."""
+    12.4 host: doctor names that term, the host values, and the rule itself."""
     req = "cuda>=12.6 brand=tesla,driver>=550,driver<551 brand=nvidia,driver>=550,driver<551"
     code, _, steps = explain(fake_driver, tmp_path, "--env", "NVIDIA_VISIBLE_DEVICES=0",
                              "--env", f"NVIDIA_REQUIRE_CUDA={req}")
@@ -438,7 +438,7 @@ def test_docker_without_anything_then_configured(tmp_path: Path) -> None:
 
 
 def test_docker_gpus_route_and_nvidias_toolkit(tmp_path: Path) -> None:
-    """Issue 23: gpuhook's nvidia-container-runtime-hook on dockerd's PATH is a configured --gpus route (no false
+    """gpuhook's nvidia-container-runtime-hook on dockerd's PATH is a configured --gpus route (no false
     PROBLEM); NVIDIA's own hook, runtime or default-runtime is named, so doctor says which one a container gets."""
     from gpuhook.cli.entry import install
 
@@ -596,7 +596,7 @@ def test_image_values_are_clipped_in_every_finding(fake_driver: Any, tmp_path: P
         assert all(len(line) < 3000 for line in step["detail"]), step["detail"][:3]
 
 
-# --- the running daemons and their config files (issue 12, operations item 15) -----------------------------------
+# --- the running daemons and their config files -----------------------------------
 
 
 @pytest.fixture

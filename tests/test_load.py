@@ -1,4 +1,4 @@
-"""Load: 1,000 runc starts with the prestart hook, 50 at a time, GPU and non-GPU containers mixed (issue 22).
+"""Load: 1,000 runc starts with the prestart hook, 50 at a time, GPU and non-GPU containers mixed.
 
 Every start must succeed and see exactly what it asked for; afterwards the host's mount table, this
 process's descriptors and its child processes are as before, runc knows no container, and the hook's log

@@ -1,6 +1,6 @@
 /* gpuhook's native hook entry: what `gpuhook hook install` writes at the hook path.
  *
- * It only forwards; Python stays the one implementation of every decision (issue 21). It reads the OCI state
+ * It only forwards; Python stays the one implementation of every decision. It reads the OCI state
  * from stdin (a state over MAX_STATE bytes goes to the Python entry, below, never to the service), connects to `gpuhook service` ($GPUHOOK_SERVICE_SOCKET, else
  * /run/gpuhook/service.sock), sends its arguments, $GPUHOOK_CONFIG and the state (service/protocol.py, with
  * an O_DIRECTORY fd of /proc/<pid> over SCM_RIGHTS when the state names a pid), and relays the answer: the
