@@ -2,8 +2,9 @@
 
 1. The wheel: `python -m build --wheel` with the cffi extension built for the stable ABI (`--py-limited-api=cp39`:
    cffi's generated module already compiles as `.abi3.so`), so one wheel serves CPython 3.9 and every later one;
-   `auditwheel repair` then gives it its manylinux tag (nothing to graft: the extension needs only libc, the
-   native hook entry `gpuhook/_native/gpuhook-entry` is linked statically). Installing it needs no compiler.
+   `auditwheel repair` then gives it its manylinux tag, manylinux_2_17 (nothing to graft: the extension needs only
+   libc, none of its symbols newer than glibc 2.17; the native hook entry `gpuhook/_native/gpuhook-entry` is
+   linked statically). Installing it needs no compiler.
 2. One .deb per Debian release (`gpuhook_<v>-1+deb<N>_amd64.deb`), built from that wheel with dpkg-deb: gpuhook
    and its dependencies' wheels (downloaded from PyPI for that release's Python, vendored: apt users have no PyPI
    at install time, and Debian 12's python3-jsonschema is older than the 4.18 gpuhook needs) installed into a
@@ -295,7 +296,7 @@ def build_deb(wheel: Path, release: str, out: Path, work: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="packaging/build",
-        description="Build what ships: the gpuhook wheel (gpuhook-<v>-cp39-abi3-manylinux_*_x86_64.whl: any "
+        description="Build what ships: the gpuhook wheel (gpuhook-<v>-cp39-abi3-*manylinux_2_17_x86_64.whl: any "
                     "CPython >= 3.9, no compiler needed to install it, the native hook entry inside) and one Debian "
                     "package per release (gpuhook_<v>-1+deb12_amd64.deb for Debian 12's Python 3.11, "
                     "gpuhook_<v>-1+deb13_amd64.deb for Debian 13's Python 3.13), made from that wheel with "

@@ -235,7 +235,7 @@ def test_wheel_in_a_venv_writes_the_native_entry_without_a_compiler(make_root: A
                                                                    release: str) -> None:
     root = make_root(release)
     root.no_compiler()
-    (wheel,) = dist.glob("gpuhook-*-cp39-abi3-manylinux_*_x86_64.whl")
+    (wheel,) = dist.glob("gpuhook-*-cp39-abi3-*manylinux_2_17_x86_64.whl")
     wheels = root.path / "tmp/wheels"
     build = build_module()
     python = root.python_version()
@@ -268,7 +268,7 @@ def test_one_abi3_wheel_serves_every_python(dist: Path, tmp_path: Path, minor: i
     given no compiler on PATH), its C helper loads, and `hook install` writes the native entry from it."""
     pythons = sorted(PYENV.glob(f"3.{minor}.*/bin/python3"))
     need(bool(pythons), f"no CPython 3.{minor} under {PYENV}")
-    (wheel,) = dist.glob("gpuhook-*-cp39-abi3-manylinux_*_x86_64.whl")
+    (wheel,) = dist.glob("gpuhook-*-cp39-abi3-*manylinux_2_17_x86_64.whl")
     with zipfile.ZipFile(wheel) as z:  # the licence, in the metadata and as the file
         info = next(n.rpartition("/")[0] for n in z.namelist() if n.endswith(".dist-info/METADATA"))
         assert "License-Expression: Apache-2.0" in z.read(f"{info}/METADATA").decode()
