@@ -95,7 +95,38 @@ def dependency_wheels(wheel: Path, python: str, glibc: int, dest: Path) -> list[
     for platform in platforms:
         args += ["--platform", platform]
     run(*args, str(wheel))
+    # pip evaluates environment markers for its own interpreter, not for --python-version: a dependency only an
+    # older Python needs (tomli; python_version < "3.11") is missing when the target is older than this one
+    missing = _marked_for(python, dest)
+    while missing:
+        run(*args, *missing)
+        missing = _marked_for(python, dest)
     return sorted(w for w in dest.glob("*.whl") if not w.name.startswith("gpuhook-"))
+
+
+def _marked_for(python: str, dest: Path) -> list[str]:
+    """The requirements of the wheels in `dest` (no extras) whose markers hold on CPython `python` and that no
+    wheel in `dest` meets yet."""
+    from packaging.markers import default_environment
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    env = {**default_environment(), "python_version": python, "python_full_version": f"{python}.0",
+           "implementation_name": "cpython", "platform_python_implementation": "CPython"}
+    have = {canonicalize_name(w.name.split("-")[0]) for w in dest.glob("*.whl")}
+    wanted = []
+    for wheel in sorted(dest.glob("*.whl")):
+        with zipfile.ZipFile(wheel) as z:
+            name = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+            meta = email.parser.Parser().parsestr(z.read(name).decode())
+        for line in meta.get_all("Requires-Dist") or []:
+            req = Requirement(line)
+            if req.marker is not None and not req.marker.evaluate({**env, "extra": ""}):
+                continue
+            if canonicalize_name(req.name) not in have:
+                req.marker = None
+                wanted.append(str(req))
+    return sorted(set(wanted))
 
 
 def install_wheels(wheels: list[Path], stage: Path, python: str) -> Path:

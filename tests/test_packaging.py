@@ -1,7 +1,8 @@
 """What ships, used where it ships: packaging/build's wheel and .debs installed into clean Debian 12 and 13 roots
 (.ci/fetch-debian-roots: Debian's packages only, no compiler) and a GPU container started through them there with
 runc on the simulated driver; the .deb removed and purged (nothing of gpuhook's left but what the user configured),
-the wheel pip-installed into a venv of the root's python3 and its native entry written by `gpuhook hook install`.
+the wheel pip-installed into a venv of the root's python3 and its native entry written by `gpuhook hook install`
+(in a Debian 11 root too: glibc 2.31, older than the build machine's).
 
 The roots are entered with chroot in a private mount namespace (the host's /proc, /sys and /dev bound in, the
 simulated driver bound at its own path), so nothing here touches the host's /usr, /etc or /var. The artefacts
@@ -35,6 +36,10 @@ REPO = Path(__file__).resolve().parents[1]
 ROOTS = Path(os.environ.get("GPUHOOK_DEBIAN_ROOTS",
                             os.environ.get("GPUHOOK_DEB_CACHE", "/var/cache/gpuhook-test-debs") + "/roots"))
 RELEASES = {"bookworm": "12", "trixie": "13"}
+# where the wheel is installed: the .debs' releases, and Debian 11 (glibc 2.31: the manylinux_2_17 wheel, built on
+# a newer glibc, must run there); each root's python3 -> the newest glibc its dependencies' wheels may need
+WHEEL_RELEASES = (*RELEASES, "bullseye")
+GLIBC = {"3.9": 31, "3.11": 36, "3.13": 41}
 # Paths that change on their own in a root (apt's and dpkg's bookkeeping, logs, caches, the run and tmp dirs).
 VOLATILE = ("proc", "sys", "dev", "run", "tmp", "var/log", "var/cache/apt", "var/lib/apt", "var/lib/dpkg",
             "var/cache/debconf", "var/cache/ldconfig", "etc/ld.so.cache")
@@ -230,7 +235,7 @@ def test_deb_installs_starts_a_gpu_container_and_purges_clean(make_root: Any, fa
     assert (root.path / "etc/gpuhook/config.toml").read_text() == "# the user's\n"
 
 
-@pytest.mark.parametrize("release", sorted(RELEASES))
+@pytest.mark.parametrize("release", sorted(WHEEL_RELEASES))
 def test_wheel_in_a_venv_writes_the_native_entry_without_a_compiler(make_root: Any, fake_driver: Any, dist: Path,
                                                                    release: str) -> None:
     root = make_root(release)
@@ -239,7 +244,7 @@ def test_wheel_in_a_venv_writes_the_native_entry_without_a_compiler(make_root: A
     wheels = root.path / "tmp/wheels"
     build = build_module()
     python = root.python_version()
-    glibc = {"3.11": 36, "3.13": 41}[python]
+    glibc = GLIBC[python]
     build.dependency_wheels(wheel, python, glibc, wheels)
     shutil.copy(wheel, wheels)
     root.run("python3 -m venv /opt/venv && /opt/venv/bin/pip install -q --no-index --find-links /tmp/wheels "
