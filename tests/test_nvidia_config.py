@@ -121,3 +121,22 @@ def test_the_shims_runtime_is_the_first_of_runtimes_found(tmp_path: Path, monkey
     assert shim.configured_runtimes(str(config)) == ("runc",)  # an unreadable config fails GPU containers only
     monkeypatch.setenv("GPUHOOK_RUNTIME", "runc")
     assert shim.configured_runtimes(os.devnull) == ("runc",)
+
+
+def test_doctor_names_what_nvidias_config_sets_that_gpuhook_ignores(tmp_path: Path, fake_driver: Any) -> None:
+    """doctor reads NVIDIA's file like every door, and says (INFO, not on stderr) what of it has no effect."""
+    import json
+
+    from click.testing import CliRunner
+
+    from gpuhook.cli.app import cli
+
+    config = tmp_path / "config.toml"
+    config.write_text(f'[nvidia-container-cli]\nroot = "{fake_driver.root}"\nno-cgroups = true\n')
+    result = CliRunner().invoke(cli, ["doctor", "--config", str(config), "--proc-root", str(fake_driver.root / "proc"),
+                                      "--spec-dir", str(tmp_path), "--runtime", "none", "--json"])
+    report = json.loads(result.stdout)
+    infos = [f["message"] for f in report["findings"] if f["status"] == "info" and "ignores" in f["message"]]
+    assert infos == [f"hook config {config}: NVIDIA settings gpuhook ignores: nvidia-container-cli.no-cgroups = "
+                     "true (gpuhook always allows the devices it injects in the container's device cgroup)"]
+    assert any("driver 550.54.15" in f["message"] for f in report["findings"])  # the root came from NVIDIA's key
