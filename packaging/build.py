@@ -5,7 +5,8 @@
    `auditwheel repair` then gives it its manylinux tag, manylinux_2_17 (nothing to graft: the extension needs only
    libc, none of its symbols newer than glibc 2.17; the native hook entry `gpuhook/_native/gpuhook-entry` is
    linked statically). Installing it needs no compiler.
-2. One .deb per Debian release (`gpuhook_<v>-1+deb<N>_amd64.deb`), built from that wheel with dpkg-deb: gpuhook
+2. One .deb per Debian release and architecture (`gpuhook_<v>-1+deb<N>_amd64.deb`, `…_arm64.deb` from the
+   aarch64 wheel, packaging/aarch64.py), built from that wheel with dpkg-deb: gpuhook
    and its dependencies' wheels (downloaded from PyPI for that release's Python, vendored: apt users have no PyPI
    at install time, and Debian 12's python3-jsonschema is older than the 4.18 gpuhook needs) installed into a
    private venv, /usr/lib/gpuhook, whose python3 is the release's /usr/bin/python3.X, which the package depends on
@@ -84,12 +85,13 @@ def wheel_metadata(wheel: Path) -> tuple[str, list[str]]:
 # --- the .deb ---------------------------------------------------------------------------------------------------
 
 
-def dependency_wheels(wheel: Path, python: str, glibc: int, dest: Path) -> list[Path]:
-    """gpuhook's dependencies as wheels for CPython `python` on x86-64 glibc <= 2.`glibc`, into `dest` (pip
-    download, resolved afresh each build; pip's own cache spares the downloads)."""
+def dependency_wheels(wheel: Path, python: str, glibc: int, dest: Path, machine: str = "x86_64") -> list[Path]:
+    """gpuhook's dependencies as wheels for CPython `python` on `machine` (x86_64, aarch64) glibc <= 2.`glibc`,
+    into `dest` (pip download, resolved afresh each build; pip's own cache spares the downloads)."""
     dest.mkdir(parents=True, exist_ok=True)
-    platforms = [f"manylinux_2_{minor}_x86_64" for minor in range(5, glibc + 1)]
-    platforms += ["manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64"]
+    platforms = [f"manylinux_2_{minor}_{machine}" for minor in range(5, glibc + 1)]
+    platforms += [f"manylinux2014_{machine}", *(["manylinux2010_x86_64", "manylinux1_x86_64"]
+                                                if machine == "x86_64" else [])]
     args = [sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", "--dest", str(dest),
             "--python-version", python, "--implementation", "cp", "--find-links", str(wheel.parent)]
     for platform in platforms:
@@ -288,12 +290,16 @@ exit 0
 }
 
 
-def build_deb(wheel: Path, release: str, out: Path, work: Path) -> Path:
+MACHINES = {"amd64": "x86_64", "arm64": "aarch64"}  # Debian architecture -> the wheels' machine
+
+
+def build_deb(wheel: Path, release: str, out: Path, work: Path, arch: str = "amd64") -> Path:
+    """The .deb of `release` for `arch`, from `wheel` (that architecture's)."""
     number, python, glibc = RELEASES[release]
     version, _ = wheel_metadata(wheel)
     deb_version = f"{version}-1+deb{number}"
-    stage = work / f"deb-{release}"
-    deps = dependency_wheels(wheel, python, glibc, work / f"wheels-{release}")
+    stage = work / f"deb-{release}-{arch}"
+    deps = dependency_wheels(wheel, python, glibc, work / f"wheels-{release}-{arch}", MACHINES[arch])
     site = install_wheels([wheel, *deps], stage, python)
     stage_host_files(stage, site)
     debian = stage / "DEBIAN"
@@ -307,7 +313,7 @@ def build_deb(wheel: Path, release: str, out: Path, work: Path) -> Path:
     vendored = textwrap.fill(", ".join(w.name.split("-")[0] + " " + w.name.split("-")[1] for w in deps), 78,
                              initial_indent=" ", subsequent_indent=" ")
     (debian / "control").write_text(
-        f"Package: gpuhook\nVersion: {deb_version}\nArchitecture: amd64\nMaintainer: {MAINTAINER}\n"
+        f"Package: gpuhook\nVersion: {deb_version}\nArchitecture: {arch}\nMaintainer: {MAINTAINER}\n"
         f"Installed-Size: {size_kib}\nDepends: python{python}, libc6\nSection: admin\nPriority: optional\n"
         "Description: NVIDIA GPUs in containers: OCI prestart hook, CDI generator, runtime shim\n"
         f" gpuhook in its own environment under {PREFIX} (Python {python}); `gpuhook`,\n"
@@ -319,7 +325,7 @@ def build_deb(wheel: Path, release: str, out: Path, work: Path) -> Path:
     (debian / "md5sums").write_text("".join(
         f"{hashlib.md5(p.read_bytes()).hexdigest()}  {p.relative_to(stage)}\n"
         for p in sorted(stage.rglob("*")) if p.is_file() and not p.is_symlink() and debian not in p.parents))
-    target = out / f"gpuhook_{deb_version}_amd64.deb"
+    target = out / f"gpuhook_{deb_version}_{arch}.deb"
     run("dpkg-deb", "--root-owner-group", "-Zxz", "--build", stage, target)
     return target
 
@@ -372,24 +378,27 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"packaging/build: {module} is missing: pip install '.[package]' into {sys.prefix}")
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    for old in [*out.glob("gpuhook-*.whl"), *out.glob("gpuhook_*.deb"), *out.glob("gpuhook-*.rpm")]:
+    for old in [*out.glob("gpuhook-*.whl"), *out.glob("gpuhook_*.deb"), *out.glob("gpuhook-*.rpm")]:  # all arches
         old.unlink()
     with tempfile.TemporaryDirectory(prefix="gpuhook-build-") as tmp:
         work = Path(tmp)
         start = time.monotonic()
         wheel = build_wheel(out, work)
         log(f"{wheel} ({wheel.stat().st_size // 1024} KiB, {time.monotonic() - start:.0f} s)")
+        wheels = {"amd64": wheel}
         if not args.no_aarch64:
             start = time.monotonic()
             sys.path.insert(0, str(Path(__file__).resolve().parent))
             import aarch64
 
-            arm = aarch64.build_wheel(wheel, out, work, REPO, run)
-            log(f"{arm} ({arm.stat().st_size // 1024} KiB, {time.monotonic() - start:.0f} s)")
+            wheels["arm64"] = aarch64.build_wheel(wheel, out, work, REPO, run)
+            log(f"{wheels['arm64']} ({wheels['arm64'].stat().st_size // 1024} KiB, "
+                f"{time.monotonic() - start:.0f} s)")
         for release in ([] if args.no_deb else args.release or sorted(RELEASES)):
-            start = time.monotonic()
-            deb = build_deb(wheel, release, out, work)
-            log(f"{deb} ({deb.stat().st_size // 1024} KiB, {time.monotonic() - start:.0f} s)")
+            for arch, arch_wheel in wheels.items():
+                start = time.monotonic()
+                deb = build_deb(arch_wheel, release, out, work, arch)
+                log(f"{deb} ({deb.stat().st_size // 1024} KiB, {time.monotonic() - start:.0f} s)")
         if not args.no_rpm:
             start = time.monotonic()
             rpm = build_rpm(wheel, out, work)

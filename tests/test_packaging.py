@@ -385,3 +385,44 @@ print(platform.machine(), info.machine, info.soname, os.major(rdev), os.minor(rd
     assert stranded.returncode == 1
     assert stranded.stderr.splitlines() == [f"gpuhook-hook: cannot run the Python entry {entry}.py (No such file or "
                                             f"directory): {FIX}"], stranded.stderr
+
+
+def test_arm64_deb_unpacked_in_an_arm64_root_runs_under_qemu(dist: Path, tmp_path: Path) -> None:
+    """Debian 12's arm64 .deb (the aarch64 wheel and its dependencies' aarch64 wheels, vendored) unpacked into an
+    arm64 root with its Python: under qemu-user the vendored binary modules load, `gpuhook --version` answers, and
+    the package's native entry is arm64 and runs. apt, the maintainer scripts and a container start are not run:
+    without binfmt_misc only the program qemu is handed runs emulated, nothing it execs."""
+    need_root()
+    qemu = shutil.which("qemu-aarch64-static")
+    need(qemu is not None, "needs qemu-user-static")
+    (deb,) = dist.glob("gpuhook_*+deb12_arm64.deb")
+    control = subprocess.run(["dpkg-deb", "-f", str(deb), "Architecture", "Depends"], capture_output=True,
+                             text=True, check=True).stdout
+    assert control.splitlines() == ["Architecture: arm64", "Depends: python3.11, libc6"]
+    tarball = ROOTS / "bookworm-arm64.tar"
+    need(tarball.is_file(), f"no arm64 root at {tarball}: run .ci/fetch-debian-roots")
+    root = tmp_path / "arm64"
+    root.mkdir()
+    subprocess.run(["tar", "-xf", str(tarball), "-C", str(root)], check=True)
+    subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True)
+    site = root / "usr/lib/gpuhook/lib/python3.11/site-packages"
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site), "PYTHONNOUSERSITE": "1"}
+
+    def python(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([qemu, "-L", str(root), str(root / "usr/bin/python3.11"), *args],
+                              capture_output=True, text=True, env=env, timeout=180)
+
+    loaded = python("-c", "import platform, psutil, yaml, _cffi_backend, rpds, gpuhook._native; "
+                          "print(platform.machine(), yaml.__with_libyaml__ or 'pure', psutil.cpu_count() > 0)")
+    assert loaded.returncode == 0, loaded.stderr
+    assert loaded.stdout.split()[0] == "aarch64" and loaded.stdout.split()[2] == "True"
+    version = python("-m", "gpuhook.cli", "--version")
+    assert version.returncode == 0 and version.stdout.startswith("gpuhook, version "), version.stderr
+    hook = root / "usr/bin/gpuhook-hook"  # the package's native entry: arm64, and it runs
+    elf = hook.read_bytes()
+    assert elf[:4] == b"\x7fELF" and int.from_bytes(elf[18:20], "little") == 183 and MARKER.encode() in elf
+    ran = subprocess.run([qemu, str(hook), "--version"], capture_output=True, text=True, timeout=60,
+                         env={"GPUHOOK_SERVICE_SOCKET": str(tmp_path / "none.sock")})
+    # its Python entry's interpreter is the package's /usr/lib/gpuhook/bin/python3, which only an arm64 host has
+    assert ran.returncode == 1 and ran.stderr.startswith(f"gpuhook-hook: cannot run the Python entry {hook}.py ")
+    assert FIX in ran.stderr
