@@ -699,3 +699,17 @@ def test_a_running_daemons_version_is_its_own_binarys(tmp_path: Path) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_the_text_report_prints_every_finding_it_counts() -> None:
+    """Each section's findings are printed, the service's among them, so the count on the last line is of what
+    the reader sees (a service that listens but never answers is a printed PROBLEM)."""
+    from gpuhook.cli.doctor import render
+    from gpuhook.doctor.model import PROBLEM, SECTIONS, Finding, Report
+
+    report = Report()
+    report.add([Finding(section, PROBLEM, f"{section} is broken") for section in (*SECTIONS, "elsewhere")])
+    text = render(report)
+    assert text.count("PROBLEM") == len(SECTIONS) + 1
+    assert "service is broken" in text and "elsewhere is broken" in text
+    assert text.splitlines()[-1] == f"{len(SECTIONS) + 1} problem(s), 0 warning(s)"

@@ -233,11 +233,11 @@ def test_a_service_that_cannot_pin_its_peers_serves_none_and_starts_go_on(native
     config = write_config(root_tmp, Path(fake_driver.root))
     env = ["NVIDIA_VISIBLE_DEVICES=1"]
     sock = root_tmp / "run" / "service.sock"
-    alone = _runc_start(root_tmp, native, config, sock, env, "alone")
+    alone = runc_start(root_tmp, native, config, sock, env, "alone")
     assert alone.returncode == 0, alone.stderr
     running = start(sock, config, root_tmp / "service.err", ["unshare", "--pid", "--fork", "--mount-proc", GPUHOOK])
     try:
-        declined = _runc_start(root_tmp, native, config, sock, env, "declined")
+        declined = runc_start(root_tmp, native, config, sock, env, "declined")
     finally:  # the service is its namespace's init, unshare's child: SIGTERM goes to it, and unshare follows
         for child in psutil.Process(running.proc.pid).children():
             child.terminate()
@@ -579,7 +579,7 @@ def test_a_cdi_hooks_state_over_the_bound_goes_to_the_fallback_unsent(native: Pa
 # --- a real container ---------------------------------------------------------------------------------------------
 
 
-def _runc_start(tmp: Path, entry: Path, config: Path, sock: Path, env: list[str], name: str) -> Any:
+def runc_start(tmp: Path, entry: Path, config: Path, sock: Path, env: list[str], name: str) -> Any:
     work = tmp / name
     rootfs = glibc_rootfs(work, probe_cache=tmp / "probe")
     hook = {"path": str(entry), "args": ["gpuhook-hook", "--config", str(config), "prestart"],
@@ -595,7 +595,7 @@ def test_runc_start_through_the_service_gives_the_same_container(native: Path, r
     need_busybox()
     config = write_config(root_tmp, Path(fake_driver.root))
     env = ["NVIDIA_VISIBLE_DEVICES=1"]
-    fallback = _runc_start(root_tmp, native, config, root_tmp / "run" / "service.sock", env, "fallback")
+    fallback = runc_start(root_tmp, native, config, root_tmp / "run" / "service.sock", env, "fallback")
     assert fallback.returncode == 0, fallback.stderr
     running = start_service(root_tmp, config)
     try:
@@ -603,7 +603,7 @@ def test_runc_start_through_the_service_gives_the_same_container(native: Path, r
         script = native.with_name(native.name + ".py")
         kept = script.read_text()
         no_fallback(native, marker)  # from here on the service must answer
-        served = _runc_start(root_tmp, native, config, running.sock, env, "served")
+        served = runc_start(root_tmp, native, config, running.sock, env, "served")
         assert served.returncode == 0, served.stderr
         assert not marker.exists()
         script.write_text(kept)
@@ -651,12 +651,17 @@ def in_process(root_tmp: Path, fake_driver: Any, monkeypatch: pytest.MonkeyPatch
 
 
 def serve(service: Any, argv: list[str], body: bytes) -> tuple[int, str]:
+    """One request served in-process, its client answering TAKING with GO (a thread: an answer made in the
+    parent comes only after its client's GO)."""
     client, server = _pair()
     with client, server:
         protocol.send_request(client, argv, body)
-        service.serve_one(server)
-        server.close()
-        return protocol.recv_answer(client)[:2]
+        serving = threading.Thread(target=service.serve_one, args=(server,))
+        serving.start()
+        try:
+            return protocol.recv_answer(client)[:2]
+        finally:
+            serving.join()
 
 
 def test_the_parent_answers_what_touches_no_container_without_forking(in_process: Any, root_tmp: Path) -> None:
@@ -690,7 +695,7 @@ def test_a_plan_is_remembered_while_the_driver_stays_the_same(in_process: Any, r
     assert again is not first and [d.index for d in again.selection.devices] == [0]
 
 
-def _cdi_hook_start(tmp: Path, entry: Path, sock: Path, args: list[str], name: str) -> Any:
+def cdi_hook_start(tmp: Path, entry: Path, sock: Path, args: list[str], name: str) -> Any:
     """runc with `entry cdi-hook ARGS` as its createContainer hook (where a CDI spec's hook runs: in the
     container's mount namespace, before pivot_root); the container prints the link and its ld cache."""
     work = tmp / name
@@ -711,7 +716,7 @@ def test_a_cdi_hook_through_the_service_is_the_in_process_one(native: Path, root
     need_tool("runc")
     need_busybox()
     args = ["update-container", "--link", "lib/libmarker.so.1::/opt/libmarker.so", "--folder", "/opt/lib"]
-    fallback = _cdi_hook_start(root_tmp, native, root_tmp / "none" / "service.sock", args, "fallback")
+    fallback = cdi_hook_start(root_tmp, native, root_tmp / "none" / "service.sock", args, "fallback")
     assert fallback.returncode == 0, fallback.stderr
     running = start_service(root_tmp, write_config(root_tmp, Path("/")))
     try:
@@ -719,17 +724,17 @@ def test_a_cdi_hook_through_the_service_is_the_in_process_one(native: Path, root
         kept = script.read_text()
         no_fallback(native, root_tmp / "fallback-ran")
         worker = _one_waiting_child(psutil.Process(running.proc.pid))
-        served = _cdi_hook_start(root_tmp, native, running.sock, args, "served")
+        served = cdi_hook_start(root_tmp, native, running.sock, args, "served")
         assert served.returncode == 0, served.stderr
         assert not (root_tmp / "fallback-ran").exists()
         assert _one_waiting_child(psutil.Process(running.proc.pid)) == worker  # it ran it (no fork), and stays
-        failed = _cdi_hook_start(root_tmp, native, running.sock, ["update-container", "--folder", "/opt/lib",
+        failed = cdi_hook_start(root_tmp, native, running.sock, ["update-container", "--folder", "/opt/lib",
                                                                   "--ldconfig-path", "/nonexistent"], "failed")
         assert failed.returncode != 0 and "gpuhook: cannot open ldconfig /nonexistent" in failed.stderr
-        bad = _cdi_hook_start(root_tmp, native, running.sock, ["update-container", "--link", "nolink"], "bad")
+        bad = cdi_hook_start(root_tmp, native, running.sock, ["update-container", "--link", "nolink"], "bad")
         assert (root_tmp / "fallback-ran").exists() and bad.returncode != 0  # declined: the Python entry ran
         script.write_text(kept)
-        bad = _cdi_hook_start(root_tmp, native, running.sock, ["update-container", "--link", "nolink"], "bad2")
+        bad = cdi_hook_start(root_tmp, native, running.sock, ["update-container", "--link", "nolink"], "bad2")
         assert bad.returncode != 0 and "expected TARGET::/absolute/link" in bad.stderr  # click's own words
     finally:
         running.stop()
@@ -739,10 +744,12 @@ def test_a_cdi_hook_through_the_service_is_the_in_process_one(native: Path, root
 
 
 @pytest.mark.e2e
-def test_a_runtime_in_its_own_mount_namespace_is_served_from_there(native: Path, root_tmp: Path,
-                                                                   fake_driver: Any) -> None:
-    """runc in a private mount namespace with cgroup2 at /sys/fs/cgroup (the host here has v1): the service
-    joins the client's namespace and widens the eBPF filter runc made there, not a v1 cgroup in its own view."""
+def test_a_runtime_in_its_own_mount_namespace_is_declined_and_runs_in_process(native: Path, root_tmp: Path,
+                                                                              fake_driver: Any) -> None:
+    """runc in a private mount namespace with cgroup2 at /sys/fs/cgroup (the host here has v1): its start needs
+    that namespace's files, so the service declines it at once (never joining it: nothing of its files may run
+    in the service), and the entry's fallback runs it in-process there, widening the eBPF filter runc made there;
+    the log line says who ran it and why."""
     from support.runc import cgroup2_namespace
 
     need_tool("runc")
@@ -750,7 +757,6 @@ def test_a_runtime_in_its_own_mount_namespace_is_served_from_there(native: Path,
     config = write_config(root_tmp, Path(fake_driver.root))
     running = start_service(root_tmp, config)
     try:
-        no_fallback(native, root_tmp / "fallback-ran")
         rootfs = glibc_rootfs(root_tmp / "v2", probe_cache=root_tmp / "probe")
         hook = {"path": str(native), "args": ["gpuhook-hook", "--config", str(config), "prestart"],
                 "env": [HOOK_PATH_ENV, f"GPUHOOK_SERVICE_SOCKET={running.sock}"]}
@@ -762,7 +768,9 @@ def test_a_runtime_in_its_own_mount_namespace_is_served_from_there(native: Path,
         running.stop()
     assert result.returncode == 0, result.stderr
     assert "No such device or address" in result.stdout  # the node got through the widened filter
-    assert "cgroup=v2" in (root_tmp / "gpuhook.log").read_text() and not (root_tmp / "fallback-ran").exists()
+    log = (root_tmp / "gpuhook.log").read_text().splitlines()
+    assert len(log) == 1 and "cgroup=v2" in log[0] and "by=in-process (service " in log[0], log
+    assert log[0].endswith(" declined the call)"), log
 
 
 # --- generate-cdi through the service ---------------------------------------------------------------------------
@@ -1011,7 +1019,7 @@ def test_a_cdi_hook_is_handed_to_a_worker_whole(in_process: Any, root_tmp: Path,
     no worker to be had (MAX_WORKERS 0), a child forked for it does the same. With its state after its header
     (`later`), the service hands the connection on at once (its accept loop never waits on a runtime) and the child
     does nothing before the state is whole."""
-    from gpuhook.service import server
+    from gpuhook.service import pool
 
     bundle = plain_bundle(root_tmp, [])
     rootfs = bundle / "rootfs"
@@ -1020,7 +1028,7 @@ def test_a_cdi_hook_is_handed_to_a_worker_whole(in_process: Any, root_tmp: Path,
     for n in (1, 2, 3):
         if n == 3:
             in_process._let_go(in_process.workers[worker])
-            monkeypatch.setattr(server, "MAX_WORKERS", 0)
+            monkeypatch.setattr(pool, "MAX_WORKERS", 0)
         link = rootfs / f"opt/libmarker{n}.so"
 
         def nothing_yet(link: Path = link) -> None:
@@ -1060,8 +1068,8 @@ def test_a_worker_never_runs_a_whole_call_without_the_clients_namespace(in_proce
     worker = in_process._fork_worker()
     client, server = _pair()
     with client, server:
-        message = pickle.dumps((True, ["cdi-hook", "create-symlinks"], None, b"{}", time.monotonic(), False, True,
-                                None, ([], [], "", "", []), False, None))
+        message = pickle.dumps((([], [], "", "", []), ["cdi-hook", "create-symlinks"], None, b"{}", time.monotonic(),
+                                False, True, None, False, None))
         socket.send_fds(worker.sock, [message], [server.fileno()])
         server.close()
         _, status = os.waitpid(worker.pid, 0)
@@ -1076,14 +1084,14 @@ def test_a_start_is_handed_to_a_worker_and_answered_by_it(in_process: Any, root_
     """With a worker idle, a start that touches a container is handed over (its connection, the request and the
     plan): no fork at that moment, the worker recorded as the start's child, its answer the one a child forked for
     the same request gives (no worker may be forked: MAX_WORKERS 0). A start that failed ends its worker."""
-    from gpuhook.service import server
+    from gpuhook.service import pool
 
     worker = in_process._fork_worker().pid
     assert Forks.count == 1 and psutil.Process(worker).ppid() == os.getpid()
     code, line, took = _dead_process_start(in_process, root_tmp, "worker")
     assert Forks.count == 1, "the parent forked although a worker was idle"
     assert took == [worker] and _gone(worker) and not in_process.workers
-    monkeypatch.setattr(server, "MAX_WORKERS", 0)
+    monkeypatch.setattr(pool, "MAX_WORKERS", 0)
     forked_code, forked_line, forked = _dead_process_start(in_process, root_tmp, "forked")
     assert Forks.count == 2 and forked != [worker] and not in_process.workers
     same = [re.sub(r"/proc/[0-9]+/", "/proc/N/", text) for text in (line, forked_line)]
@@ -1159,7 +1167,7 @@ def test_a_worker_that_died_leaves_the_start_to_a_fork(in_process: Any, root_tmp
     which is done once; a worker that dies idle is reaped, and none is forked ahead for WORKER_RETRY_S."""
     import signal
 
-    from gpuhook.service import server
+    from gpuhook.service import pool
 
     pid = in_process._fork_worker().pid
     os.kill(pid, signal.SIGKILL)
@@ -1177,16 +1185,16 @@ def test_a_worker_that_died_leaves_the_start_to_a_fork(in_process: Any, root_tmp
     _until_zombie(pid)
     before = time.monotonic()
     in_process.reap()
-    assert not in_process.workers and in_process.ahead_after >= before + server.WORKER_RETRY_S
+    assert not in_process.workers and in_process.ahead_after >= before + pool.WORKER_RETRY_S
     assert not in_process._ahead_due()
 
 
 def test_no_idle_worker_and_no_room_for_one_forks_a_child(in_process: Any, root_tmp: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """At MAX_WORKERS, all busy, a start gets a child of its own (one start, then it exits); the workers stay."""
-    from gpuhook.service import server
+    from gpuhook.service import pool
 
-    monkeypatch.setattr(server, "MAX_WORKERS", 1)
+    monkeypatch.setattr(pool, "MAX_WORKERS", 1)
     worker = in_process._fork_worker()
     worker.busy = True  # as if it ran another start
     _, _, took = _dead_process_start(in_process, root_tmp, "overflow")
@@ -1197,13 +1205,13 @@ def test_no_idle_worker_and_no_room_for_one_forks_a_child(in_process: Any, root_
 def test_idle_workers_but_the_last_end_after_worker_idle_s(in_process: Any) -> None:
     """Of the idle workers, those idle for WORKER_IDLE_S end, all but the most recently used: a node at rest keeps
     one worker; a busy one is never let go for it."""
-    from gpuhook.service import server
+    from gpuhook.service import pool
 
     first, second, third = (in_process._fork_worker() for _ in range(3))
-    first.idle_since -= server.WORKER_IDLE_S
-    second.idle_since -= server.WORKER_IDLE_S + 1
+    first.idle_since -= pool.WORKER_IDLE_S
+    second.idle_since -= pool.WORKER_IDLE_S + 1
     third.busy = True
-    third.idle_since -= server.WORKER_IDLE_S + 2
+    third.idle_since -= pool.WORKER_IDLE_S + 2
     in_process._retire_idle()
     assert list(in_process.workers) == [first.pid, third.pid]
     first.idle_since -= 5  # now the only idle one: kept however long it waits
@@ -1218,7 +1226,7 @@ def test_a_worker_goes_back_home_clean_or_not_at_all(tmp_path: Path) -> None:
     view does) and changing its cwd and umask it is home again and clean; a descriptor left open, or a child left,
     makes it not clean."""
     from gpuhook import _native
-    from gpuhook.service.server import _Home
+    from gpuhook.service.worker import Home as _Home
 
     if os.geteuid() != 0:
         pytest.skip("needs root: unshare(CLONE_NEWNS) and setns")
@@ -1263,19 +1271,19 @@ def test_a_worker_is_forked_ahead_only_once_the_start_before_is_over(in_process:
     WORKER_AHEAD_S: its fork would otherwise take the CPU from the runtime still starting that container. The
     accept loop sleeps no longer than that, so a worker is there for the next start; a dead worker's longer retry
     is kept."""
-    from gpuhook.service import server
+    from gpuhook.service import pool
 
     assert in_process._poll_ms() == 1000  # nothing pending: the loop's usual wait
     in_process._fork_worker()
     before = time.monotonic()
     _dead_process_start(in_process, root_tmp, "then-idle")
     assert not in_process.workers and not in_process.children and not in_process._ahead_due()
-    assert before + server.WORKER_AHEAD_S <= in_process.ahead_after <= time.monotonic() + server.WORKER_AHEAD_S
-    assert 1 <= in_process._poll_ms() <= int(server.WORKER_AHEAD_S * 1000) + 1
-    time.sleep(server.WORKER_AHEAD_S)
+    assert before + pool.WORKER_AHEAD_S <= in_process.ahead_after <= time.monotonic() + pool.WORKER_AHEAD_S
+    assert 1 <= in_process._poll_ms() <= int(pool.WORKER_AHEAD_S * 1000) + 1
+    time.sleep(pool.WORKER_AHEAD_S)
     assert in_process._ahead_due()
 
-    in_process.ahead_after = retry = time.monotonic() + server.WORKER_RETRY_S  # a worker died idle meanwhile
+    in_process.ahead_after = retry = time.monotonic() + pool.WORKER_RETRY_S  # a worker died idle meanwhile
     _dead_process_start(in_process, root_tmp, "forked")
     assert in_process.ahead_after == retry and in_process._poll_ms() == 1000
 
@@ -1297,13 +1305,13 @@ def test_the_running_service_keeps_a_warm_worker_across_starts(native: Path, roo
     need_busybox()
     config = write_config(root_tmp, Path(fake_driver.root))
     env = ["NVIDIA_VISIBLE_DEVICES=1"]
-    fallback = _runc_start(root_tmp, native, config, root_tmp / "run" / "service.sock", env, "fallback")
+    fallback = runc_start(root_tmp, native, config, root_tmp / "run" / "service.sock", env, "fallback")
     running = start_service(root_tmp, config)
     try:
         service = psutil.Process(running.proc.pid)
         worker = _one_waiting_child(service)
         no_fallback(native, root_tmp / "fallback-ran")
-        served = [_runc_start(root_tmp, native, config, running.sock, env, f"served{n}") for n in (1, 2)]
+        served = [runc_start(root_tmp, native, config, running.sock, env, f"served{n}") for n in (1, 2)]
         assert [s.returncode for s in served] == [0, 0], [s.stderr for s in served]
         assert _one_waiting_child(service) == worker and not _gone(worker)
     finally:

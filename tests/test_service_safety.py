@@ -16,12 +16,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from support.e2e import need_tool
 from support.runc import busybox_rootfs, make_bundle, need_busybox, runc_run, unique_id
 from support.service import Running, start
 from test_hook_e2e import nodes, write_config
-from test_service import _runc_start, plain_bundle, run_native, state
+from test_service import plain_bundle, run_native, runc_start, state
 
 from gpuhook.cli import entry as hook_entry
 from gpuhook.service import protocol
@@ -219,9 +220,8 @@ def test_cdi_hooks_whose_state_never_comes_take_no_child_another_start_needs(roo
     finally:
         for client in clients:
             client.close()
-        while service.children:
-            service.reap(block=True)
-    assert bundle.exists()
+        service.close()  # workers whose client went away are clean and wait for the next start: let go here
+    assert not service.children and bundle.exists()
 
 
 # --- a stopped service --------------------------------------------------------------------------------------------
@@ -240,7 +240,7 @@ def test_a_stopped_service_costs_a_start_a_bounded_delay_never_a_failure(native:
     config = root_tmp / "config.toml"
     os.kill(gpu_service.proc.pid, signal.SIGSTOP)
     try:
-        gpu = _runc_start(root_tmp, native, config, gpu_service.sock, ["NVIDIA_VISIBLE_DEVICES=1"], "stopped-gpu")
+        gpu = runc_start(root_tmp, native, config, gpu_service.sock, ["NVIDIA_VISIBLE_DEVICES=1"], "stopped-gpu")
         plain = run_native(native, gpu_service.sock, ["--config", str(config), "prestart"],
                            state(plain_bundle(root_tmp, []), cid="stopped-plain"))
     finally:
@@ -260,11 +260,92 @@ def test_a_stopped_service_costs_a_start_a_bounded_delay_never_a_failure(native:
     assert lines[-1].split()[1] == "after" and lines[-1].endswith(" by=service")
 
 
+# --- one line per start, whatever the timing -----------------------------------------------------------------------
+
+
+def test_an_answer_made_by_the_parent_waits_for_go_and_is_never_logged_for_a_client_that_left(
+        gpu_service: Running, root_tmp: Path) -> None:
+    """A start the parent answers itself (no GPU request) is answered and logged only after its client's GO: a
+    client that gave up (it ran the start itself, and logged it) gets no line from the service; one that says
+    GO gets its answer and one line."""
+    config = ["--config", str(root_tmp / "config.toml"), "prestart"]
+    for cid, go in (("left", False), ("stayed", True)):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(30)
+            conn.connect(str(gpu_service.sock))
+            protocol.send_request(conn, config, state(plain_bundle(root_tmp, []), cid=cid))
+            if go:
+                assert protocol.recv_answer(conn)[:2] == (0, "")
+            else:
+                assert protocol.recv_answer(conn, go=False)[0] == protocol.TAKING
+    time.sleep(0.5)
+    lines = _log(root_tmp).splitlines()
+    assert [line.split()[1] for line in lines] == ["stayed"], lines
+
+
+@NEEDS_NATIVE
+@pytest.mark.e2e
+def test_a_worker_stopped_past_the_bound_adds_no_line_when_it_resumes(native: Path, root_tmp: Path,
+                                                                       gpu_service: Running) -> None:
+    """The start goes to an idle worker that is stopped (SIGSTOP): with the entry's real 250 ms bound, the client
+    runs it in-process and the container exits; the worker, resumed, finds the start taken back before it looks
+    at the container (gone by then), and writes nothing: one line, the fallback's."""
+    from test_service import _one_waiting_child
+
+    need_tool("runc")
+    need_busybox()
+    worker = _one_waiting_child(psutil.Process(gpu_service.proc.pid))
+    os.kill(worker, signal.SIGSTOP)
+    try:
+        gpu = runc_start(root_tmp, native, root_tmp / "config.toml", gpu_service.sock,
+                         ["NVIDIA_VISIBLE_DEVICES=0"], "resumed")
+    finally:
+        os.kill(worker, signal.SIGCONT)
+    assert gpu.returncode == 0, gpu.stderr
+    time.sleep(1)  # the worker, running again, has read the start and found its client gone
+    lines = _log(root_tmp).splitlines()
+    assert len(lines) == 1 and " inject " in lines[0] and "by=in-process (service " in lines[0], lines
+
+
+BURST = 200  # starts, PARALLEL at a time, through the native entry with its real bound
+PARALLEL = 50
+
+
+@NEEDS_NATIVE
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_a_burst_with_the_real_bound_logs_each_start_once(native: Path, root_tmp: Path,
+                                                           gpu_service: Running) -> None:
+    """200 starts, 50 at a time, GPU and not, through the native entry with its real 250 ms bound (not the
+    suite's service mode, which waits longer): some are the service's, some run in-process after the bound, and
+    every one succeeds with exactly one log line."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    need_tool("runc")
+    need_busybox()
+    template = busybox_rootfs(root_tmp / "template")
+    hook = {"path": str(native), "args": ["gpuhook-hook", "--config", str(root_tmp / "config.toml"), "prestart"],
+            "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin", f"GPUHOOK_SERVICE_SOCKET={gpu_service.sock}"]}
+    jobs = []
+    for i in range(BURST):
+        bundle = root_tmp / f"b{i:03d}"
+        shutil.copytree(template, bundle / "rootfs", symlinks=True, copy_function=os.link)
+        env = ["NVIDIA_VISIBLE_DEVICES=0"] if i % 2 else []
+        make_bundle(bundle, bundle / "rootfs", ["true"], env=env, hooks={"prestart": [hook]})
+        jobs.append((unique_id(f"burst{i:03d}"), bundle))
+    with ThreadPoolExecutor(PARALLEL) as threads:
+        results = list(threads.map(lambda job: runc_run(job[1], job[0], timeout=120), jobs))
+    assert [r.stderr[-300:] for r in results if r.returncode != 0] == []
+    time.sleep(1)  # any worker or held answer still running has had its chance to (wrongly) add a line
+    ids = [line.split()[1] for line in _log(root_tmp).splitlines()]
+    assert sorted(ids) == sorted(cid for cid, _ in jobs), "not exactly one log line per start"
+
+
 # --- never a stale plan -------------------------------------------------------------------------------------------
 
 
 def _gpu_start(root_tmp: Path, native: Path, sock: Path, name: str) -> Any:
-    return _runc_start(root_tmp, native, root_tmp / "config.toml", sock, ["NVIDIA_VISIBLE_DEVICES=0",
+    return runc_start(root_tmp, native, root_tmp / "config.toml", sock, ["NVIDIA_VISIBLE_DEVICES=0",
                                                                           "NVIDIA_DRIVER_CAPABILITIES=all"], name)
 
 

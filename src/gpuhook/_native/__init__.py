@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+import sys
 from collections import namedtuple
 
 from gpuhook._native._gpuhook_native import ffi, lib
@@ -239,7 +240,10 @@ def elf_info_bytes(data: bytes, origin: str = "<bytes>") -> ElfInfo:
 
 
 def setns(fd: int, nstype: int = 0) -> None:
+    """setns(2), then the audit event `gpuhook.setns` (fd, nstype): a test's audit hook knows from it when a
+    process is in another namespace than its own, where nothing may be imported, loaded or executed."""
     _check(lib.gh_setns(fd, nstype))
+    sys.audit("gpuhook.setns", fd, nstype)
 
 
 def die_with_parent(parent_pid: int, sig: int = 9) -> None:
@@ -290,6 +294,7 @@ def spawn_confined(exe_fd: int, root_fd: int, in_fd: int, out_fd: int, argv: lis
                    timeout_s: int) -> int:
     """gh_spawn_confined (confine.c): the static program `exe_fd`, chrooted to `root_fd`, confined; its pid. A
     child that could not execve has exited (127): OSError naming the step, after it is waited for."""
+    sys.audit("gpuhook.spawn", exe_fd, argv)  # the audit hook of a test sees which descriptor runs
     args = [ffi.new("char[]", os.fsencode(a)) for a in argv]
     step, err = ffi.new("int *"), ffi.new("int *")
     pid = lib.gh_spawn_confined(exe_fd, root_fd, in_fd, out_fd, ffi.new("char *[]", [*args, ffi.NULL]), keep,

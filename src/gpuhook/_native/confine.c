@@ -41,7 +41,7 @@ static const int ldconfig_syscalls[] = {
     S(rt_sigprocmask) S(rt_sigreturn) S(ioctl) S(faccessat) S(faccessat2) S(getdents64) S(getcwd) S(chdir)
     S(fchdir) S(renameat) S(renameat2) S(mkdirat) S(unlinkat) S(symlinkat) S(readlinkat) S(fchmod) S(fchmodat)
     S(ftruncate) S(fcntl) S(dup) S(dup3) S(exit) S(exit_group) S(set_tid_address)
-    S(set_robust_list) S(rseq) S(prlimit64) S(getrandom) S(uname) S(futex) S(getpid) S(gettid) S(tgkill)
+    S(set_robust_list) S(rseq) S(getrandom) S(uname) S(futex) S(getpid) S(gettid)
     S(getuid) S(geteuid) S(getgid) S(getegid) S(umask) S(clock_gettime) S(gettimeofday) S(sysinfo)
     S(sched_getaffinity) S(execve) S(execveat)
 #ifdef __NR_arch_prctl
@@ -75,6 +75,29 @@ int gh_keep_capabilities(uint64_t keep)
     return (int)syscall(SYS_capset, &head, data);
 }
 
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#define GH_ARG0_LO offsetof(struct seccomp_data, args[0])
+#define GH_ARG0_HI (offsetof(struct seccomp_data, args[0]) + 4)
+#else
+#define GH_ARG0_LO (offsetof(struct seccomp_data, args[0]) + 4)
+#define GH_ARG0_HI offsetof(struct seccomp_data, args[0])
+#endif
+
+/* The system call `nr` allowed only when its first argument (a pid) is `pid`, else EPERM: 7 instructions. The
+ * accumulator holds the call's number on entry and, where `nr` is not this call, on exit. */
+static size_t only_for_pid(struct sock_filter *f, uint32_t nr, uint32_t pid)
+{
+    size_t k = 0;
+    f[k++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, nr, 0, 6);
+    f[k++] = (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, GH_ARG0_LO);
+    f[k++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, pid, 0, 3);
+    f[k++] = (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, GH_ARG0_HI);
+    f[k++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0, 0, 1);
+    f[k++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);
+    f[k++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA));
+    return k;
+}
+
 int gh_seccomp_ldconfig(void)
 {
 #ifndef GH_AUDIT_ARCH
@@ -82,7 +105,12 @@ int gh_seccomp_ldconfig(void)
     return -1;
 #else
     enum { N = sizeof(ldconfig_syscalls) / sizeof(ldconfig_syscalls[0]) };
-    struct sock_filter f[6 + 4 + 2 * N + 1];
+    struct sock_filter f[6 + 4 + 2 * 7 + 2 * N + 1];
+    /* ldconfig runs as root in the caller's PID namespace (the service's: the host's): it may signal only itself
+     * (glibc's abort: tgkill(getpid(), gettid(), SIGABRT)) and read or set only its own limits (glibc's
+     * getrlimit/setrlimit: prlimit64(0, …)); kill is not allowed at all. The pid is this process's, which
+     * execve keeps. */
+    uint32_t self = (uint32_t)syscall(SYS_getpid);
     size_t k = 0;
     f[k++] = (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch));
     f[k++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, GH_AUDIT_ARCH, 1, 0);
@@ -98,6 +126,8 @@ int gh_seccomp_ldconfig(void)
     f[k++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | 0);
     f[k++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)__NR_fdatasync, 0, 1);
     f[k++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | 0);
+    k += only_for_pid(f + k, (uint32_t)__NR_tgkill, self);
+    k += only_for_pid(f + k, (uint32_t)__NR_prlimit64, 0);
     for (size_t i = 0; i < N; i++) {
         f[k++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)ldconfig_syscalls[i], 0, 1);
         f[k++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);

@@ -13,7 +13,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from gpuhook.discover.roots import Roots
 
-TITLES = {"host": "host", "runtimes": "runtimes", "cdi": "CDI specs", "container": "container"}
+TITLES = {"host": "host", "service": "service", "runtimes": "runtimes", "cdi": "CDI specs", "container": "container"}
 LABELS = {OK: "ok", INFO: "info", WARN: "WARN", PROBLEM: "PROBLEM"}
 
 
@@ -39,12 +39,14 @@ def generate_flags(roots: Roots, discovery: str) -> str:
 
 
 def render(report: Report) -> str:
+    """Every finding, by section (SECTIONS' order, then any other: the count at the end is of what is printed)."""
     lines: list[str] = []
-    for section in SECTIONS:
+    others = [s for s in dict.fromkeys(f.section for f in report.findings) if s not in SECTIONS]
+    for section in (*SECTIONS, *others):
         found = [f for f in report.findings if f.section == section]
         if not found:
             continue
-        lines.append(TITLES[section])
+        lines.append(TITLES.get(section, section))
         for f in found:
             lines += _render_one(f)
     problems, warnings = report.count(PROBLEM), report.count(WARN)

@@ -7,7 +7,7 @@ from typing import Any
 from gpuhook.model.record import Record, as_dict, field
 
 OK, INFO, WARN, PROBLEM = "ok", "info", "warn", "problem"
-SECTIONS = ("host", "runtimes", "cdi", "container")
+SECTIONS = ("host", "service", "runtimes", "cdi", "container")  # in the order the text report prints them
 
 
 class Finding(Record):

@@ -197,7 +197,8 @@ def handle(config_path: str | None, read_state: Callable[[], bytes], start: floa
            load: Callable[[str | None], Config] | None = None,
            before_inject: Callable[[Decided], int | None] | None = None,
            plan: Callable[[Config, Request], Planned] | None = None,
-           decided: Decided | None = None, served: str = "in-process") -> tuple[int, str]:
+           decided: Decided | None = None, served: str = "in-process",
+           log: Callable[[str, str], None] = append_log) -> tuple[int, str]:
     """One container start, as `main` and `gpuhook service` run it: (exit status, the one stderr line or "").
 
     Every failure (OSError and bugs included) is one escaped, bounded line (errors.render), the same text in the
@@ -205,7 +206,8 @@ def handle(config_path: str | None, read_state: Callable[[], bytes], start: floa
     go to run (the service: fork or hand over there, its plan memo; its worker: the decision handed over). A
     BaseException that is no Exception (the service parent's word that a child took the start over) passes
     through, with nothing logged. `served`: who ran it, the log line's last field (`by=service`, or
-    `by=in-process` with the native entry's reason for not asking the service: contract.SERVED_BY_ENV)."""
+    `by=in-process` with the native entry's reason for not asking the service: contract.SERVED_BY_ENV). `log`
+    (path, line) writes the log line: the service holds it until its client said GO (service/calls.Held)."""
     from gpuhook.hook.unreadconfig import fallback_log
 
     log_file = fallback_log(config_path)  # until the config says: the host's default log for the default file only
@@ -231,7 +233,7 @@ def handle(config_path: str | None, read_state: Callable[[], bytes], start: floa
         summary, code = f"{state_id(state_text)} error: {what}", 1
         line = f"gpuhook-hook: {what}"
     elapsed = (time.monotonic() - start) * 1000
-    append_log(log_file, f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {summary} took={elapsed:.1f}ms by={served}")
+    log(log_file, f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {summary} took={elapsed:.1f}ms by={served}")
     return code, line
 
 

@@ -32,21 +32,23 @@ def parse_link(value: str) -> tuple[str, str] | None:
 def update_container(rootfs_path: str, links: Iterable[tuple[str, str]], folders: list[str],
                      ldconfig_path: str = DEFAULT_LDCONFIG, host_driver_version: str = "",
                      links_if_present: Iterable[tuple[str, str]] = (),
-                     owner: tuple[int, int] | None = None, disposable: bool = False) -> None:
+                     owner: tuple[int, int] | None = None, disposable: bool = False, ldconfig_fd: int = -1) -> None:
     """Create the links (an existing file or directory at a link is left alone), then, if `folders`, register
     them and rebuild the ld cache with the host's ldconfig. One rootfs descriptor for both steps.
     `links_if_present` are made only when their target, resolved beside the link inside the rootfs, exists (a
     device's /dev/dri/by-path link when the runtime gave that device's node).
     With `host_driver_version`, an image's newer CUDA compat libcuda goes first (inject/cudacompat.py). With
     `owner` (run_hook: the host ids of the container's root in its own user namespace), what is created belongs
-    to the container's root. `disposable`: ldcache.running's (this process exists for this container)."""
+    to the container's root. `disposable`: ldcache.running's (this process exists for this container).
+    `ldconfig_fd`: ldconfig already opened (open_hook_ldconfig) where the caller's namespace is the host's, the
+    caller's to close; else `ldconfig_path` is opened here."""
     from gpuhook.inject.rootfs import RootFS
 
     fd = -1
-    if folders:
+    if folders and ldconfig_fd < 0:
         from gpuhook.inject.ldcache import open_ldconfig
 
-        fd = open_ldconfig(ldconfig_path)
+        fd = ldconfig_fd = open_ldconfig(ldconfig_path)
     try:
         with RootFS(rootfs_path, owner=owner) as rootfs:
             rootfs.symlinks(list(links))
@@ -57,7 +59,7 @@ def update_container(rootfs_path: str, links: Iterable[tuple[str, str]], folders
             if folders:
                 from gpuhook.inject.cudacompat import update_ldcache
 
-                update_ldcache(rootfs, folders, fd, host_driver_version, disposable)
+                update_ldcache(rootfs, folders, ldconfig_fd, host_driver_version, disposable)
     finally:
         if fd >= 0:
             os.close(fd)
@@ -116,16 +118,28 @@ def parse_hook_args(args: Sequence[str]) -> HookArgs | None:
     return links, folders, (ldconfig[0] if ldconfig else DEFAULT_LDCONFIG), versions[0] if versions else "", present
 
 
-def run_hook(parsed: HookArgs, state_text: bytes) -> None:
+def open_hook_ldconfig(parsed: HookArgs) -> int:
+    """The ldconfig a parsed hook call runs (its `--ldconfig-path`), opened by descriptor and checked static, or
+    -1 for a call with no folder (it runs none): for a caller that opens it in its own namespace, then joins the
+    container's (the service: nothing is looked up in the client's files)."""
+    if not parsed[1]:
+        return -1
+    from gpuhook.inject.ldcache import open_ldconfig
+
+    return open_ldconfig(parsed[2])
+
+
+def run_hook(parsed: HookArgs, state_text: bytes, ldconfig_fd: int = -1) -> None:
     """One createContainer hook call: the parsed command line applied to the container the state names, its
     rootfs from config.json through oci.bundle (the one parser of both inputs, the state parsed once). The
     state's pid is the container's init process at createContainer: with its own user namespace, what is
     created is given to the host ids of its root. Its caller is that hook's own process (the CLI's, or the
-    service's child for it), which exists for this one call: disposable (ldcache.running)."""
+    service's child for it), which exists for this one call: disposable (ldcache.running). `ldconfig_fd`:
+    open_hook_ldconfig's, the caller's to close."""
     from gpuhook.inject.apply import user_namespace_root
     from gpuhook.oci.bundle import load_bundle, parse_state
 
     state = parse_state(state_text)
     rootfs = load_bundle(state.bundle).rootfs
     update_container(rootfs, *parsed, owner=user_namespace_root(state.pid) if state.pid > 0 else None,
-                     disposable=True)
+                     disposable=True, ldconfig_fd=ldconfig_fd)

@@ -31,7 +31,7 @@ its bound of connections or children; a `cdi-hook` command line only click can w
 so the messages stay click's).
 
 The first message of a request may carry one SCM_RIGHTS descriptor: an O_DIRECTORY fd of /proc/<pid> the
-client opened for the container's process. The service reaches that process through it (server.check_pid_fd),
+client opened for the container's process. The service reaches that process through it (calls.check_pid_fd),
 not through the state's pid, which means that process only in the runtime's PID namespace (and a pid reused
 meanwhile would name another one).
 
