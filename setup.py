@@ -2,10 +2,12 @@
 
 Everything else lives in pyproject.toml; setuptools' pyproject validation rejects `cffi_modules` under
 [tool.setuptools], so this one keyword (registered by cffi's setuptools plugin) is passed here. The entry
-(`_native/entry.c`, issue 21) is an executable, not an extension: it is compiled and linked with the compiler
+(`_native/entry.c`) is an executable, not an extension: it is compiled and linked with the compiler
 setuptools uses for the extension (static-pie where the static libc is installed, else dynamically) and lands
 beside it as `gpuhook/_native/gpuhook-entry` (package data).
-Without a working compiler the package still installs; `gpuhook hook install` then writes the Python entry.
+Building from source needs a C compiler and Python's headers (Debian: gcc, libc6-dev, python3-dev): the
+extension is not optional. Only the entry is: where it alone fails to build, the package still installs and
+`gpuhook hook install` writes the Python entry. The wheel and the .debs (packaging/build) need no compiler.
 """
 
 import os

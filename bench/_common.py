@@ -1,6 +1,6 @@
 """What every benchmark shares: its command line, the statistics, the table, the JSON result, the machine.
 
-Issue 7 asks for the same numbers from every script (median, p90, min, max over >= 20 runs, with the core
+Every script reports the same numbers (median, p90, min, max over >= 20 runs, with the core
 count) and for timings, never timed assertions in tests; so the scripts only measure and report, and a
 script exits 1 only when what it measured did not work (a container failed, the hook logged the wrong thing).
 A `target_ms` on a row is compared and shown, never enforced.

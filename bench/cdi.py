@@ -10,7 +10,7 @@ console script (click, `site`), the spec with its hooks removed (what the runtim
 mounts cost; the hooks' share is the rest), and the spec whose one hook is a no-op that reads its state
 (busybox `wc -c`): what the runtime charges for running any createContainer hook, which runc does from `runc
 init` (its stdin written only when that process's one-P Go scheduler gets round to it, then the wait for the
-hook's exit). Targets (issue 21, through the service): <= 30 ms added vs no device, of which the container hook
+hook's exit). Targets (through the service): <= 30 ms added vs no device, of which the container hook
 <= 6 ms; shown, never enforced.
 
 Where tracefs is available (root), each start's hook process is also timed from its exec to its exit by the
@@ -63,8 +63,8 @@ from _containers import (
 from _trace import exec_tracer, print_traced, traced_cases
 from support.service import spec_with_hook_env
 
-TARGET = 25.0  # issue 14, the lean entry
-SERVICE_TARGET, HOOK_TARGET = 30.0, 6.0  # issue 21, through the service
+TARGET = 25.0  # the lean entry
+SERVICE_TARGET, HOOK_TARGET = 30.0, 6.0  # through the service
 DEVICE = "nvidia.com/gpu=all"
 WARMUP = 2
 

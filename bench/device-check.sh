@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The real-GPU check in one go (issue 23 item 9; bench/README.md "Real-GPU check"):
+# The real-GPU check in one go (bench/README.md "Real-GPU check"):
 #
 #   bench/device-check.sh OUTDIR [--simulate] [--wheels DIR] [--runc PATH] [--busybox PATH] [--probe PATH]
 #                                [--nvidia-dir DIR] [--timeout S] [--keep]

@@ -1,4 +1,4 @@
-"""The real-GPU check (issue 23 item 9): the whole pipeline on a machine with an NVIDIA GPU, in one go.
+"""The real-GPU check: the whole pipeline on a machine with an NVIDIA GPU, in one go.
 
     bench/device-check.sh OUTDIR [--simulate] [--wheels DIR] [--runc PATH] [--busybox PATH] [--probe PATH]
                                  [--nvidia-dir DIR] [--timeout S] [--keep]
@@ -414,7 +414,7 @@ class Check:
 
     def summary(self) -> dict[str, Any]:
         return {
-            "check": "gpuhook real-GPU check (issue 23 item 9)",
+            "check": "gpuhook real-GPU check",
             "mode": "simulate" if self.args.simulate else "device",
             "ok": bool(self.steps) and all(s["ok"] for s in self.steps),
             "started": self.started_at,

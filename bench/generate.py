@@ -1,14 +1,14 @@
 """`gpuhook generate-cdi` wall time and peak memory on simulated drivers: 1 GPU, 4 GPUs with one in MIG mode,
 8 GPUs, 8 GPUs x 7 MIG; each cold (discovery every run), with the inventory cache the first round wrote, and
-answered by a running `gpuhook service` (issue 21: the console script asks it first; same cache), and the same
+answered by a running `gpuhook service` (the console script asks it first; same cache), and the same
 asked by the native entry `gpuhook hook install` writes (`gpuhook-hook generate-cdi …`, no interpreter at all);
 plus `python -c pass` of the console script's interpreter, the floor of any Python command here.
 
 Runs the installed `gpuhook` command (what a boot-time unit runs), writing the spec to a file, every case
 interleaved round by round, each started from a small resident spawner (_common.Spawner), so that its
 ru_maxrss (os.wait4) is its own peak memory and not this script's.
-Targets: issue 14, <= 40 ms for 4 GPUs with one in MIG mode (cached), and at most 1.5x growth from there to
-8 GPUs x 7 MIG devices; issue 21, <= 60 ms without the service (cold) and <= 20 ms with it.
+Targets: <= 40 ms for 4 GPUs with one in MIG mode (cached), and at most 1.5x growth from there to
+8 GPUs x 7 MIG devices; <= 60 ms without the service (cold) and <= 20 ms with it.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from _common import (
 )
 from _containers import install_native_entry, start_service
 
-TARGET_4MIG = 40.0  # issue 14: 4 GPUs, one in MIG mode
-TARGET_COLD, TARGET_SERVICE = 60.0, 20.0  # issue 21: without the service (no cache), through it
+TARGET_4MIG = 40.0  # 4 GPUs, one in MIG mode
+TARGET_COLD, TARGET_SERVICE = 60.0, 20.0  # without the service (no cache), through it
 MAX_GROWTH = 1.5  # from that to 8 GPUs x 7 MIG
 WARMUP = 1
 CACHED, SERVED, NATIVE = "+cache", "+service", "+native"

@@ -4,7 +4,7 @@ Cases, interleaved round by round on an 8-GPU simulated driver with a warm inven
 (b) hook and no GPU requested, (c) hook and 1 GPU, (d) hook and 8 GPUs with NVIDIA_DRIVER_CAPABILITIES=all.
 The hook is the lean entry script (`gpuhook hook install`, python -IS); the same three hook cases through
 pip's `gpuhook-hook` console script (python with `site`) are measured alongside to show what the entry saves.
-Overheads are per-round differences against (a). Targets (issue 7): 45, 80 and 110 ms.
+Overheads are per-round differences against (a). Targets: 45, 80 and 110 ms.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ REQUESTS: dict[str, tuple[list[str], str]] = {  # case letter -> (env, what the 
     "d": (["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=all"], "inject devices="),
 }
 LABELS = {"b": "no GPU requested", "c": "1 GPU", "d": f"{GPUS} GPUs, all capabilities"}
-TARGETS = {"b": 10.0, "c": 40.0, "d": 50.0}  # issue 14
+TARGETS = {"b": 10.0, "c": 40.0, "d": 50.0}
 TOOK = re.compile(r"^\S+ (\S+) (.*) took=([\d.]+)ms(?: by=.*)?$")
 
 

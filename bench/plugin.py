@@ -5,7 +5,7 @@ with a minimal kubelet: a Registration service on kubelet.sock that accepts Regi
 kubelet's, calls Allocate (1 device, and 2) and GetPreferredAllocation (2 of 8) back to back, measuring each
 call; then, round by round, it injects a critical XID (79) on a GPU, times the first ListAndWatch message that
 shows the GPU Unhealthy, and waits for its recovery. Before that it starts the plugin several times and times
-start -> Register received; the plugin's resident set is read after the calls. Targets (issue 14): start ->
+start -> Register received; the plugin's resident set is read after the calls. Targets: start ->
 registered <= 80 ms, Allocate and GetPreferredAllocation p99 <= 1 ms, RSS <= 35 MB; event to stream <= 1 s.
 """
 
@@ -45,7 +45,7 @@ STARTS, STARTS_QUICK = 10, 3
 HEALTH_MS = 1000.0
 SOCKET = "gpuhook-nvidia.com-gpu.sock"
 RECOVERY_S = 0.3
-REREGISTER_MS = 1000.0  # issue 5: serve and register again within 1 s (the incumbent: 3-7 ms)
+REREGISTER_MS = 1000.0  # serve and register again within 1 s (the incumbent: 3-7 ms)
 
 
 class Watch:

@@ -1,4 +1,4 @@
-"""Request parsing of hostile sizes (issue 17): NVIDIA_VISIBLE_DEVICES and cdi.k8s.io annotations, in process.
+"""Request parsing of hostile sizes: NVIDIA_VISIBLE_DEVICES and cdi.k8s.io annotations, in process.
 
 Cases: 4,096 ids (the bound, accepted), 150,000 ids (refused by the size bound before any per-item work), a
 200,000-name annotation (refused), 4,096 one-name annotations (accepted). The parse used to test membership in a

@@ -4,7 +4,7 @@ The hook is what `gpuhook hook install` writes: the native entry (`_native/entry
 entry at PATH.py. Cases, interleaved round by round on an 8-GPU simulated driver with a warm inventory cache:
 (a) no hook; for each request (no GPU, 1 GPU, 8 GPUs with NVIDIA_DRIVER_CAPABILITIES=all) the native entry with
 the service running ("service"), the native entry with nothing listening, so it execs PATH.py ("fallback"), and
-PATH.py run directly as before issue 21 ("python"). Overheads are per-round differences against (a); issue 21's
+PATH.py run directly, without the native entry ("python"). Overheads are per-round differences against (a); the
 targets (8, 10 and 2 ms through the service) are shown, never enforced. Beside them, a start whose one prestart
 hook only reads its state (busybox `wc -c`, "noop"): what runc charges for running any hook. As root, each
 hooked start's hook process is also timed from its exec to its exit by the kernel's events (_trace.py): what
@@ -47,7 +47,7 @@ from _containers import (
 from _trace import exec_tracer, print_traced, traced_cases
 from hook import GPUS, LABELS, REQUESTS, check_log, runc_case
 
-TARGETS = {"b": 2.0, "c": 8.0, "d": 10.0}  # issue 21, through the service
+TARGETS = {"b": 2.0, "c": 8.0, "d": 10.0}  # through the service
 KINDS = ("service", "fallback", "python")
 
 

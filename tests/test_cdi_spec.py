@@ -190,7 +190,7 @@ def test_common_edits_come_from_the_planning_model() -> None:
         assert mount["options"] == list(planned.options)
         assert mount["type"] == "bind"
     socket = next(m for m in edits["mounts"] if m["containerPath"].endswith("/socket"))
-    assert socket["options"] == ["ro", "nosuid", "nodev", "noexec", "rbind", "rprivate"]  # read-only: issue 22
+    assert socket["options"] == ["ro", "nosuid", "nodev", "noexec", "rbind", "rprivate"]  # read-only
     lib = next(m for m in edits["mounts"] if m["containerPath"].endswith("libcuda.so.550.54.15"))
     assert lib["options"] == ["ro", "nosuid", "nodev", "rbind", "rprivate"]
 

@@ -53,3 +53,19 @@ def test_demo_says_what_it_skipped_and_why(tmp_path: Path) -> None:
     assert "  ok       CDI spec: " in verdict
     assert "  skipped  container with the prestart hook: needs runc" in verdict
     assert "expected success" in verdict
+
+
+def test_demo_without_a_compiler_says_what_to_install(tmp_path: Path) -> None:
+    """The packages ship no compiler: where there is none (and nothing cached), the demo ends with one line
+    naming what to install, never an internal error."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    env = dict(os.environ, PATH=str(bin_dir), GPUHOOK_FAKEDRIVER_CACHE=str(tmp_path / "cache"))
+    result = subprocess.run([GPUHOOK, "demo"], capture_output=True, text=True, timeout=180, env=env)
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == ["gpuhook: the simulated driver's libraries are built here with a C "
+                                          "compiler, and there is no gcc (or cc) on PATH: install one (Debian, "
+                                          "Ubuntu: apt-get install gcc libc6-dev; RHEL: dnf install gcc)"]
+    fake = subprocess.run([GPUHOOK, "fake-driver", "create", str(tmp_path / "root")], capture_output=True,
+                          text=True, timeout=60, env=env)
+    assert fake.returncode != 0 and "install one" in fake.stderr and "internal error" not in fake.stderr

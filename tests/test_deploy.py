@@ -1,4 +1,4 @@
-"""deploy/ (issue 41, item 4): every overlay renders with `kubectl kustomize`, every rendered object matches the
+"""deploy/: every overlay renders with `kubectl kustomize`, every rendered object matches the
 Kubernetes API's OpenAPI schema for its apiVersion (tests/data/k8s-openapi/, Kubernetes 1.34), and the one
 values file reaches every field it names.
 

@@ -1,5 +1,5 @@
 """`docker run --gpus` and `--runtime gpuhook` on a private Docker daemon (Debian's docker.io 20.10), the simulated
-driver, and gpuhook installed as the `nvidia-container-runtime-hook` Docker looks for (issue 23)."""
+driver, and gpuhook installed as the `nvidia-container-runtime-hook` Docker looks for."""
 
 from __future__ import annotations
 

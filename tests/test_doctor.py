@@ -60,18 +60,32 @@ def config_file(tmp: Path, **values: Any) -> Path:
 # --- the host --------------------------------------------------------------------------------------------------
 
 
-def test_healthy_host(fake_driver: Any, tmp_path: Path) -> None:
+def test_healthy_host(fake_driver: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A healthy set-up is judged healthy whatever else runs on the machine: the test points the service check at
+    its own socket (none listens there), and a `gpuhook service` of somebody else's, named as one listening
+    elsewhere, is the only warning it may see."""
+    own_socket = tmp_path / "service.sock"
+    monkeypatch.setenv("GPUHOOK_SERVICE_SOCKET", str(own_socket))
     generate(fake_driver, tmp_path / "cdi" / "nvidia.yaml")
     result, report = doctor(*roots(fake_driver), "--spec-dir", str(tmp_path / "cdi"), "--runtime", "podman")
     assert result.exit_code == 0, result.output
-    assert report["ok"] and report["problems"] == 0 and report["warnings"] == 0
+    ours = [f for f in report["findings"] if f["section"] != "service"]
+    assert [f for f in ours if f["status"] in (PROBLEM, WARN)] == [] and report["problems"] == 0
+    service = [f for f in report["findings"] if f["section"] == "service"]
+    assert service[0]["status"] == INFO and f"no gpuhook service at {own_socket}" in service[0]["message"]
+    elsewhere = service[1:]
+    assert all(f["status"] == WARN and "listens at" in f["message"] and str(own_socket) not in
+               f["message"].split(" but ")[0] for f in elsewhere), elsewhere
+    assert report["warnings"] == len(elsewhere)
     assert any("driver 550.54.15 (CUDA 12.4) found through NVML: 2 GPU(s)" in m for m in messages(report, OK))
     assert any("device nodes present" in m for m in messages(report, OK))
     assert any("current" in m for m in messages(report, OK, "cdi"))
     assert any(m.startswith("podman") and "nvidia.com/gpu" in m for m in messages(report, OK, "runtimes"))
     text = CliRunner().invoke(cli, ["doctor", *roots(fake_driver), "--spec-dir", str(tmp_path / "cdi"),
                                     "--runtime", "none"])
-    assert text.exit_code == 0 and text.output.splitlines()[-1] == "no problems found"
+    assert text.exit_code == 0
+    assert text.output.splitlines()[-1] == (f"0 problem(s), {len(elsewhere)} warning(s)" if elsewhere else
+                                            "no problems found")
 
 
 def test_docker_managed_and_other_users_daemons_are_not_judged(fake_daemon: Any, tmp_path: Path) -> None:
@@ -320,7 +334,7 @@ def test_legacy_cuda_image_and_disabled_requirements(fake_driver: Any, tmp_path:
 
 def test_doctor_says_which_term_decided(fake_driver: Any, tmp_path: Path) -> None:
     """A CUDA image's forward-compatibility term (brand=nvidia,driver>=550,...) is what lets it start on a CUDA
-    12.4 host: doctor names that term, the host values, and the rule itself (issue 24)."""
+    12.4 host: doctor names that term, the host values, and the rule itself."""
     req = "cuda>=12.6 brand=tesla,driver>=550,driver<551 brand=nvidia,driver>=550,driver<551"
     code, _, steps = explain(fake_driver, tmp_path, "--env", "NVIDIA_VISIBLE_DEVICES=0",
                              "--env", f"NVIDIA_REQUIRE_CUDA={req}")
@@ -424,7 +438,7 @@ def test_docker_without_anything_then_configured(tmp_path: Path) -> None:
 
 
 def test_docker_gpus_route_and_nvidias_toolkit(tmp_path: Path) -> None:
-    """Issue 23: gpuhook's nvidia-container-runtime-hook on dockerd's PATH is a configured --gpus route (no false
+    """gpuhook's nvidia-container-runtime-hook on dockerd's PATH is a configured --gpus route (no false
     PROBLEM); NVIDIA's own hook, runtime or default-runtime is named, so doctor says which one a container gets."""
     from gpuhook.cli.entry import install
 
@@ -582,7 +596,7 @@ def test_image_values_are_clipped_in_every_finding(fake_driver: Any, tmp_path: P
         assert all(len(line) < 3000 for line in step["detail"]), step["detail"][:3]
 
 
-# --- the running daemons and their config files (issue 12, operations item 15) -----------------------------------
+# --- the running daemons and their config files -----------------------------------
 
 
 @pytest.fixture

@@ -740,3 +740,12 @@ def test_cli_rejects_bad_values(tmp_path: Path, args: list[str], named: str) -> 
     result = CliRunner().invoke(fake_driver_cli, ["create", str(tmp_path / "root"), *args])
     assert result.exit_code == 2, result.output
     assert named in result.output
+
+
+def test_summary_never_suggests_the_hosts_cdi_folder(fake_driver: FakeDriver) -> None:
+    """A simulated driver's spec in /etc/cdi would give every container on the host fake GPUs: the summary
+    suggests a folder of its own."""
+    from gpuhook.cli.fakedriver import summary
+
+    text = summary(fake_driver)
+    assert f"--output {fake_driver.root}-cdi/nvidia.yaml" in text and "/etc/cdi" not in text

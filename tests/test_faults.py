@@ -122,13 +122,13 @@ def test_no_driver_at_all_fails_clearly(e2e: None, fake_driver_factory: Any, tmp
     fake = fake_driver_factory(fresh=True)
     (fake.root / "proc/driver/nvidia/version").unlink()
     fake.set_fail_init()
-    mounts = hostile.host_mounts()
+    mounts = hostile.own_mounts(tmp_path, fake.root)
     result, _ = start(tmp_path / "gpu", fake, ["NVIDIA_VISIBLE_DEVICES=0"], inventory_cache="")
     line = one_clear_line(result)
     assert "no NVIDIA driver found under" in line and str(fake.root) in line, line
     plain, _ = start(tmp_path / "plain", fake, [], inventory_cache="")
     assert plain.returncode == 0, plain.stderr
-    assert hostile.host_mounts() == mounts
+    assert hostile.own_mounts(tmp_path, fake.root) == mounts
 
 
 # --- a crash in the middle of an injection -----------------------------------------------------------------
@@ -176,14 +176,14 @@ def test_hook_killed_mid_injection_leaves_no_host_mount(e2e: None, fake_driver: 
     """runc's hook timeout SIGKILLs the hook while its mounts are made and ldconfig runs: the start fails, the
     mounts lived only in the dying container's namespace, and runc cleans up the container."""
     exe, ready = fake_ldconfig(tmp_path, "sleep")
-    mounts = hostile.host_mounts()
+    mounts = hostile.own_mounts(tmp_path, fake_driver.root)
     began = time.monotonic()
     result, _ = start(tmp_path / "run", fake_driver, ["NVIDIA_VISIBLE_DEVICES=0"], timeout=3, ldconfig=f"@{exe}")
     assert time.monotonic() - began < 60  # no hang: the hook's children die with it (PR_SET_PDEATHSIG)
     assert ready.exists(), "the hook never got as far as ldconfig"
     assert result.returncode != 0
     assert "timeout" in result.stderr, result.stderr
-    assert hostile.host_mounts() == mounts
+    assert hostile.own_mounts(tmp_path, fake_driver.root) == mounts
     assert hostile.mounts_under(tmp_path) == []
 
 
@@ -194,7 +194,7 @@ def test_injection_child_killed_fails_clearly(e2e: None, fake_driver: FakeDriver
     import threading
 
     exe, ready = fake_ldconfig(tmp_path, "kill-parent")
-    mounts = hostile.host_mounts()
+    mounts = hostile.own_mounts(tmp_path, fake_driver.root)
 
     def kill_the_injection_child() -> None:
         """The fake's parent as the host sees it (psutil, never a pid the fake reports: in another PID
@@ -217,12 +217,12 @@ def test_injection_child_killed_fails_clearly(e2e: None, fake_driver: FakeDriver
     assert ready.exists()
     line = one_clear_line(result)
     assert "died" in line or "ldconfig" in line, line
-    assert hostile.host_mounts() == mounts
+    assert hostile.own_mounts(tmp_path, fake_driver.root) == mounts
 
 
 def test_failure_after_some_mounts_leaves_no_host_mount(e2e: None, fake_driver: FakeDriver, tmp_path: Path) -> None:
     """A target that fails late (a file where the firmware folder goes, after the libraries are mounted)."""
-    mounts = hostile.host_mounts()
+    mounts = hostile.own_mounts(tmp_path, fake_driver.root)
     cfg = hostile.write_config(tmp_path, fake_driver.root)
     rootfs = busybox_rootfs(tmp_path / "bundle")
     (rootfs / "lib").mkdir(exist_ok=True)
@@ -232,7 +232,7 @@ def test_failure_after_some_mounts_leaves_no_host_mount(e2e: None, fake_driver: 
     result = runc_run(bundle, unique_id("fault"))
     line = one_clear_line(result)
     assert "/lib/firmware" in line, line
-    assert hostile.host_mounts() == mounts
+    assert hostile.own_mounts(tmp_path, fake_driver.root) == mounts
     log = hostile.log_lines(tmp_path)
     assert len(log) == 1 and " error: " in log[0], log
 

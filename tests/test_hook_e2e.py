@@ -413,7 +413,7 @@ def test_user_namespace_gets_the_host_node_by_bind_mount(e2e: Path, fake_driver:
             result.stdout
         assert lines[4].startswith("libcuda.so."), result.stdout
         assert " inject " in (e2e / "gpuhook.log").read_text()
-        # issue 22, item 2: what the hook created (mount targets, links, folders, its ld.so.conf.d entry and the
+        # what the hook created (mount targets, links, folders, its ld.so.conf.d entry and the
         # ld cache) belongs to the container's root, not the host's
         hosts = sorted(str(p.relative_to(rootfs)) for p in rootfs.rglob("*") if p.lstat().st_uid != USERNS_HOST_ID)
         assert hosts == [], f"owned by another uid than the container's root: {hosts[:10]}"

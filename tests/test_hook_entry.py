@@ -93,7 +93,7 @@ def test_install_replaces_atomically_through_the_cli(tmp_path: Path) -> None:
 
 
 def test_docker_gpus_install_writes_nvidias_name_and_never_replaces_a_foreign_one(tmp_path: Path) -> None:
-    """Issue 23: `docker run --gpus` runs `nvidia-container-runtime-hook prestart` from dockerd's PATH."""
+    """`docker run --gpus` runs `nvidia-container-runtime-hook prestart` from dockerd's PATH."""
     from gpuhook.cli.app import main
 
     target = tmp_path / "bin" / "gpuhook-hook"

@@ -1,4 +1,4 @@
-"""The hook's log is best effort (issue 12, fault A): a full disk or a FIFO at the log path never fails or holds
+"""The hook's log is best effort: a full disk or a FIFO at the log path never fails or holds
 up a start, and the log never holds half a line.
 
 The full disk is a 64 KiB tmpfs mounted in a private mount namespace (`unshare -m`), so nothing is mounted on

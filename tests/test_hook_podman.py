@@ -128,7 +128,7 @@ def test_hook_via_podman_skips_non_gpu_container(podman: Podman, fake_driver: An
 
 
 def test_hook_via_podman_refuses_oversized_cdi_annotations(podman: Podman, fake_driver: Any, tmp_path: Path) -> None:
-    """Issue 17 through podman: `--annotation`s reach config.json, the hook bounds them before any per-name work
+    """Hostile sizes through podman: `--annotation`s reach config.json, the hook bounds them before any per-name work
     and refuses in one short line. (podman splits an --annotation value at commas and one argument is at most
     128 KiB, so the 200,000-name value of the runc and shim tests cannot pass here: 5,000 annotations of one
     name each are over the 4,096 bound.)"""

@@ -1,4 +1,4 @@
-"""Files the user names are written without harming what is at the path (issue 12, host safety item 1).
+"""Files the user names are written without harming what is at the path.
 
 `generate-cdi` with its output set to the host's null device once turned /dev/null into a 0644 file holding a
 spec. Every special file here is made in a temporary directory (a char device 1:3 like /dev/null, a FIFO, a unix

@@ -1,4 +1,4 @@
-"""Security round 3 (issue 22): hostile images and faults through every door — the prestart hook (runc), the CDI
+"""Security: hostile images and faults through every door — the prestart hook (runc), the CDI
 spec's createContainer hook (podman) and the runtime shim (gpuhook-runtime + runc) — see tests/support/doors.py.
 
 Each case says what the host must show afterwards (nothing written outside the rootfs, nothing mounted, no
@@ -74,7 +74,7 @@ def gpu_edits(fake: FakeDriver) -> ContainerEdits:
 def test_read_only_library_folder_is_one_line(doors: Doors, fake: FakeDriver, tmp_path: Path, door: str) -> None:
     """The library folder cannot change (the mount targets are there already) and holds a libcuda.so.1 link
     that the start must replace: its unlink fails (EPERM). Every door says so in one line, none prints a
-    traceback (issue 22, item 6: the CDI and shim doors printed a Python traceback)."""
+    traceback (the CDI and shim doors once printed one)."""
     planted: list[Path] = []
 
     def setup(rootfs: Path) -> None:
@@ -111,7 +111,7 @@ HOSTILE_NAME = f"zz\n{FORGED}\x1b[2K\x1b]0;owned\x07\r{'y' * 150}.conf"
 def test_image_names_cannot_forge_log_lines(doors: Doors, tmp_path: Path, door: str) -> None:
     """An /etc/ld.so.conf.d entry whose name holds a newline, a forged log line, escape sequences and
     150 more characters, standing as a FIFO (refused): the refusal is one line on stderr and in the log, its name
-    clipped and escaped (errors.clip), no raw control character anywhere (issue 22, item 5)."""
+    clipped and escaped (errors.clip), no raw control character anywhere."""
     run = doors.start(door, tmp_path, setup=lambda r: os.mkfifo(r / "etc/ld.so.conf.d" / HOSTILE_NAME))
     line = run.refused("not a regular file", "x0a2026-01-01")  # runc quotes it once more: \\x0a
     assert len(line) < 1500, line
@@ -250,7 +250,7 @@ def snapshot(top: Path) -> dict[str, str]:
 def test_no_writes_into_a_host_volume_through_an_image_link(doors: Doors, tmp_path: Path, door: str) -> None:
     """A writable bind of a root-owned host directory at /data, and an image whose library folder is a link to
     /data/lib: the container itself gets EACCES there, yet a GPU start left 22 (hook, shim) or 59 (CDI)
-    root-owned mount targets and links in the host directory (issue 22, item 2). gpuhook now creates, writes
+    root-owned mount targets and links in the host directory. gpuhook now creates, writes
     and removes only on the rootfs's own mount (and the container's /dev, /proc/driver/nvidia): the hook
     refuses in one line and leaves the volume as it was; the shim, which runs before runc, follows the image's
     links as runc will and refuses before config.json changes (runc would make the mount targets there); on
@@ -367,7 +367,7 @@ def test_mps_directory_and_sockets_are_read_only_yet_usable(fake_driver_factory:
                                                             tmp_path_factory: pytest.TempPathFactory,
                                                             mps_probe: Path, door: str) -> None:
     """The host's MPS pipe directory and the persistenced socket came in writable: a container created a file in
-    the host's /tmp/nvidia-mps and replaced its control pipe (issue 22, item 1; NVIDIA mounts them writable too).
+    the host's /tmp/nvidia-mps and replaced its control pipe (NVIDIA mounts them writable too).
     They are read-only now, which stops no client: the container still opens the control FIFO for writing (the
     host reads its line) and connects to the socket (the host accepts), while creating, removing or replacing an
     entry, or changing the socket's mode, fails (EROFS) and the host's directory is unchanged."""

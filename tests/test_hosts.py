@@ -1,4 +1,4 @@
-"""The hosts users run (issue 23): Ubuntu's ldconfig wrapper script, simulated in temp dirs (never the host's
+"""The hosts users run: Ubuntu's ldconfig wrapper script, simulated in temp dirs (never the host's
 /sbin); a start through it with runc; doctor's same check."""
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ def test_doctor_finds_missing_links_under_systemd(tmp_path: Path, fake_driver: A
     assert "systemd is the init system" in check_dev_char(inv, plain, str(tmp_systemd), str(dev_char))[0].message
 
 
-# --- a new user's first run (issue 23) -------------------------------------------------------------------------
+# --- a new user's first run -------------------------------------------------------------------------
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> Any:

@@ -1,5 +1,5 @@
 """The inventory cache is a hint: nothing at its path, and no driver change racing a scan, can make a start
-accept what is not there (issue 12, faults B and D).
+accept what is not there.
 
 The driver changes during a scan by a wrapper around one discovery step (`all_files`, which runs after the
 GPUs and their nodes are read and before discover() takes its fingerprint), the way a driver finishing its load
@@ -164,7 +164,7 @@ def test_a_fifo_at_the_cache_path_does_not_block(fake_driver: Any, tmp_path: Pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["inventory.json"]
 
 
-# --- issue 22, item 3: only a cache root alone could have written is used ------------------------------------
+# --- only a cache root alone could have written is used ------------------------------------
 
 FORGED_HOST_FILE = "/etc/shadow"
 

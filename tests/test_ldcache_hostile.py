@@ -1,4 +1,4 @@
-"""The host's ldconfig sees nothing but the container's filesystem (issue 17, part 1).
+"""The host's ldconfig sees nothing but the container's filesystem.
 
 glibc 2.36's `ldconfig -r ROOT DIR` resolves DIR inside ROOT but then opens `ROOT/DIR/glibc-hwcaps` as a plain
 host path before it chroots: an image whose /usr/lib/x86_64-linux-gnu/glibc-hwcaps is a link to a host directory
@@ -268,7 +268,7 @@ def test_ldconfig_writes_nothing_onto_a_volume(tmp_path: Path, rootfs_kind: str)
 
 
 def hard_link_flood(rootfs: Path, count: int) -> None:
-    """`count` hard links in /etc/ld.so.conf.d to one 64 KiB file of distinct folders (issue 22, item 4: 30,000
+    """`count` hard links in /etc/ld.so.conf.d to one 64 KiB file of distinct folders (30,000
     of them took 1.9 GiB and 5.5 s of the hook), plus an include loop in /etc/ld.so.conf."""
     confd = rootfs / "etc/ld.so.conf.d"
     confd.mkdir(parents=True, exist_ok=True)
@@ -363,7 +363,7 @@ int main(void)
 
 
 def test_ldconfig_runs_confined(tmp_path: Path) -> None:
-    """Issue 22, item 7: the host's ldconfig inherits no descriptor but stdin/stdout/stderr (not runc's
+    """The host's ldconfig inherits no descriptor but stdin/stdout/stderr (not runc's
     exec.fifo, not the mount sources), and system calls outside its allow-list fail (EPERM); fsync succeeds
     without running (the cache is rebuilt at every start: no start waits for the disk). A static program in
     ldconfig's place reports what it got."""

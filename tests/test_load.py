@@ -1,4 +1,4 @@
-"""Load: 1,000 runc starts with the prestart hook, 50 at a time, GPU and non-GPU containers mixed (issue 22).
+"""Load: 1,000 runc starts with the prestart hook, 50 at a time, GPU and non-GPU containers mixed.
 
 Every start must succeed and see exactly what it asked for; afterwards the host's mount table, this
 process's descriptors and its child processes are as before, runc knows no container, and the hook's log
@@ -50,10 +50,12 @@ def _of_the_service(proc: psutil.Process) -> bool:
     return "service" in argv and any(a.endswith("gpuhook") for a in argv)
 
 
-def snapshot() -> dict[str, object]:
+def snapshot(*own: Path) -> dict[str, object]:
+    """What this test's starts could leave behind: the mounts at or under its own paths and the host folders a
+    start binds over (hostile.own_mounts), this process's descriptors and children."""
     me = psutil.Process()
     return {
-        "mounts": hostile.host_mounts(),
+        "mounts": hostile.own_mounts(*own),
         "fds": sorted(os.listdir("/proc/self/fd")),
         "children": sorted(p.pid for p in me.children(recursive=True) if not _of_the_service(p)),
     }
@@ -76,7 +78,7 @@ def test_1000_starts_50_at_a_time(e2e: None, fake_driver: FakeDriver, tmp_path: 
         shutil.copytree(template, bundle / "rootfs", symlinks=True, copy_function=os.link)  # the hook only adds
         make_bundle(bundle, bundle / "rootfs", ["sh", "-c", PROBE], env=env, hooks=hooks)
         jobs.append((f"load-{tmp_path.name[-8:]}-{i:03d}", bundle, nodes, driver))
-    before = snapshot()
+    before = snapshot(tmp_path, fake_driver.root)
 
     def run(job: tuple[str, Path, list[str], bool]) -> tuple[str, subprocess.CompletedProcess[str], float]:
         cid, bundle, _, _ = job
@@ -98,7 +100,7 @@ def test_1000_starts_50_at_a_time(e2e: None, fake_driver: FakeDriver, tmp_path: 
 
     listed = subprocess.run(runc_cmd("list", "-q", root=str(state)), capture_output=True, text=True, check=True)
     assert listed.stdout.split() == []
-    assert snapshot() == before
+    assert snapshot(tmp_path, fake_driver.root) == before
     assert hostile.kill_leftovers(str(config)) == [], "hook processes outlived their containers"
 
     log = hostile.log_lines(tmp_path)

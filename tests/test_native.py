@@ -851,3 +851,37 @@ def test_new_links_run_and_open_trees_failure(tmp_path: Path) -> None:
         nat.open_trees([str(tmp_path), str(tmp_path / "missing")], nat.OPEN_TREE_CLONE | nat.OPEN_TREE_CLOEXEC)
     assert (caught.value.errno, caught.value.filename) == (errno.ENOENT, str(tmp_path / "missing"))
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+# --- the extension runs on glibc 2.17 and later (the wheel's manylinux_2_17 tag) ------------------------------
+
+
+def test_the_extension_needs_no_glibc_newer_than_2_17() -> None:
+    """fstat and mknodat (real symbols from glibc 2.33) and pthread_sigmask (a new version in 2.32, called by
+    confine.c) are raw system calls in the extension: no symbol version above GLIBC_2.17 is referenced, so the
+    one wheel installs on RHEL 8, Ubuntu 20.04 and Debian 11 as auditwheel tags it."""
+    objdump = shutil.which("objdump")
+    if objdump is None:
+        pytest.skip("needs objdump (binutils)")
+    import gpuhook._native._gpuhook_native as ext
+
+    table = subprocess.run([objdump, "-T", ext.__file__], capture_output=True, text=True, check=True).stdout
+    versions = {tuple(int(p) for p in v.split(".")) for v in re.findall(r"\(GLIBC_([0-9.]+)\)", table)}
+    assert versions and max(versions) <= (2, 17), sorted(versions)
+    assert not re.search(r"\b(fstat|mknodat|pthread_sigmask)\b", table), table
+
+
+def test_mknodat_by_raw_system_call_keeps_the_device_number(tmp_path: Path) -> None:
+    """The kernel takes mknodat's device in its 32-bit encoding: large majors and minors come out whole, and a
+    number that does not fit is EINVAL, as glibc's own wrapper says."""
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for i, (major, minor) in enumerate([(195, 0), (195, 255), (511, 70000), (4095, (1 << 20) - 1)]):
+            nat.mknodat(fd, f"node{i}", stat.S_IFCHR | 0o600, major, minor)
+            rdev = os.stat(tmp_path / f"node{i}").st_rdev
+            assert (os.major(rdev), os.minor(rdev)) == (major, minor)
+        with pytest.raises(OSError) as raised:
+            nat.mknodat(fd, "too-big", stat.S_IFCHR | 0o600, 4096, 0)
+        assert raised.value.errno == errno.EINVAL
+    finally:
+        os.close(fd)

@@ -1,4 +1,4 @@
-"""`gpuhook node-setup` (issue 41, the node-setup DaemonSet's entry point) against a stand-in host root: a temp
+"""`gpuhook node-setup` (the node-setup DaemonSet's entry point) against a stand-in host root: a temp
 dir used as the host mount. Install writes gpuhook's payload (the image's own Python, loader and libraries)
 under one prefix, the runtime's drop-in or config, the hook's config and the /dev/char links; uninstall puts
 the stand-in root back to the byte (file tree, modes, link targets, contents).

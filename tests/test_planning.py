@@ -78,7 +78,7 @@ def test_plan_one_gpu_compute(inv: Inventory) -> None:
     assert "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15" in mounted
     assert "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.550.54.15" in mounted
     assert not any("GLX" in p or "i386" in p for p in mounted)
-    assert all(m.read_only for m in edits.mounts)  # sockets too (issue 22, item 1)
+    assert all(m.read_only for m in edits.mounts)  # sockets too
     sock = next(m for m in edits.mounts if m.container_path.endswith("socket"))
     assert "ro" in sock.options and "noexec" in sock.options
     links = {(s.link, s.target) for s in edits.symlinks}

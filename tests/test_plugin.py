@@ -702,7 +702,7 @@ def test_plan_errors_are_one_line() -> None:
         parse_xids("13,x")
 
 
-# -- the allocation log (issue 12, operations item 14) ------------------------------------------------------------
+# -- the allocation log ------------------------------------------------------------
 
 
 def test_allocate_and_preferred_allocation_are_logged(fake_driver: Any, kubelet: TestKubelet,
@@ -729,7 +729,7 @@ def test_allocate_and_preferred_allocation_are_logged(fake_driver: Any, kubelet:
 @pytest.mark.parametrize("kind", ["fifo", "file", "directory"])
 def test_start_never_removes_what_is_not_a_stale_socket(fake_driver: Any, kubelet: TestKubelet, kind: str) -> None:
     """Only a socket left by an earlier run is removed before bind; anything else at the path stays, and the start
-    fails naming it (issue 12, host safety: the plugin's own host write)."""
+    fails naming it (the plugin's own host write)."""
     path = Path(kubelet.directory) / "gpuhook-nvidia.com-gpu.sock"
     if kind == "fifo":
         os.mkfifo(path)
@@ -752,7 +752,7 @@ def test_start_never_removes_what_is_not_a_stale_socket(fake_driver: Any, kubele
 
 
 def test_plugin_makes_dev_char_links_at_start(fake_driver: Any, kubelet: TestKubelet, tmp_path: Path) -> None:
-    """Issue 23: with --dev-char-path the plugin links every NVIDIA node there at (re)discovery, so systemd's
+    """With --dev-char-path the plugin links every NVIDIA node there at (re)discovery, so systemd's
     daemon-reload leaves containers their GPUs; idempotent across a second start."""
     inv = inventory(fake_driver)
     dev_char = tmp_path / "char"

@@ -1,4 +1,4 @@
-"""NVIDIA's config file, environment and precedence (issue 25): NVIDIA's own api/config/v1 test tables run through
+"""NVIDIA's config file, environment and precedence: NVIDIA's own api/config/v1 test tables run through
 gpuhook's loader (tests/data), then the plugin driven by a test kubelet over real gRPC with those settings."""
 
 from __future__ import annotations

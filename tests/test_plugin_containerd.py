@@ -1,4 +1,4 @@
-"""Issue 25, item 0: the device plugin's default device-list strategy on a node whose runtime has no CDI.
+"""The device plugin's default device-list strategy on a node whose runtime has no CDI.
 
 kubelet's device manager (tests/support/kubelet.py) allocates one GPU; the container is then started by a real
 containerd 1.6 (Debian 12's, no CDI: it ignores Allocate's cdi_devices) through gpuhook's shim, with the

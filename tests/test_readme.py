@@ -41,7 +41,7 @@ def test_config_example_is_the_defaults() -> None:
     assert block is not None
     shown = tomllib.loads(block.group(1))
     defaults = Config()
-    assert {k.replace("-", "_") for k in shown} == {n for n in Config.__slots__ if n != "source"} - {
+    assert {k.replace("-", "_") for k in shown} == {n for n in Config.__slots__ if n not in ("source", "ignored")} - {
         "_supported_capabilities"} | {"supported_capabilities"}
     for key, value in shown.items():
         want = getattr(defaults, key.replace("-", "_"))
@@ -85,3 +85,26 @@ def test_readme_is_short_and_its_links_lead_somewhere() -> None:
 def test_user_docs_speak_of_no_issue_numbers() -> None:
     for page in [ROOT / "README.md", *DOCS.glob("*.md")]:
         assert not re.search(r"\bissues? \d+", page.read_text(), re.I), page.name
+
+
+def test_the_offline_image_recipe_is_what_ci_runs() -> None:
+    """docs/deploy.md's offline image recipe is run by .ci/build-images as written (.ci/deploy-recipe.py: its own
+    pip, base and tags only), and its wheels hold every extra the Containerfiles install with --no-index."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("deploy_recipe", ROOT / ".ci" / "deploy-recipe.py")
+    assert spec and spec.loader
+    recipe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recipe)
+    commands = recipe.commands("/ci/pip", "/ci/base", (DOCS / "deploy.md").read_text())
+    assert commands[0] == "/ci/pip wheel --wheel-dir build/wheels '.[plugin,dra]'"
+    built = {c.split(" -f ")[1].split()[0]: c for c in commands[1:]}
+    assert sorted(built) == ["deploy/node-setup.Containerfile", "plugin/Containerfile"]
+    wheel_extras = set(commands[0].split("[")[1].split("]")[0].split(","))
+    for path, command in built.items():
+        assert "--build-arg BASE=/ci/base --build-arg WHEELS=build/wheels " in command, command
+        installed = re.search(r'--no-index --find-links "/src/\$WHEELS" "gpuhook(?:\[([a-z,]*)\])?"',
+                              (ROOT / path).read_text())
+        assert installed is not None, path
+        assert set(filter(None, (installed.group(1) or "").split(","))) <= wheel_extras, path
+    assert "deploy-recipe.py" in (ROOT / ".ci" / "build-images").read_text()

@@ -1,4 +1,4 @@
-"""The device plugin's health thread on NVIDIA's real user space never creates device nodes (issue 22, item 9).
+"""The device plugin's health thread on NVIDIA's real user space never creates device nodes.
 
 Run as root on a host whose kernel module is not loaded (a node booting, or this one), NVIDIA's libnvidia-ml
 creates /dev/nvidiactl when it is initialised. Discovery runs NVML in a child without CAP_MKNOD; the plugin's

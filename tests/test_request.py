@@ -60,8 +60,10 @@ def test_capabilities_default_and_all() -> None:
 
 @pytest.mark.parametrize("value", ["Compute", "gpu", "compute,bogus"])
 def test_capabilities_unknown_fails_naming_it(value: str) -> None:
-    with pytest.raises(RequestError, match="unknown driver capability"):
+    """The error names the unknown word and lists the valid ones (`gpuhook list --capabilities bogus` too)."""
+    with pytest.raises(RequestError, match="unknown driver capability") as raised:
         parse_capabilities(value)
+    assert str(raised.value).endswith("(known: all, compat32, compute, display, graphics, ngx, utility, video)")
 
 
 def test_capabilities_outside_supported_set() -> None:
@@ -181,7 +183,7 @@ def test_volume_mount_counts_only_with_a_dev_null_source() -> None:
 
 
 def test_huge_device_lists_are_refused_in_one_bounded_line() -> None:
-    """Issue 17: 150,000 ids took 99 s through a list membership test; now bounded before per-item work."""
+    """150,000 ids took 99 s through a list membership test; now bounded before per-item work."""
     many = ",".join(str(i) for i in range(150_000))
     with pytest.raises(RequestError, match="^NVIDIA_VISIBLE_DEVICES is 938889 characters, more than 262144") as err:
         parse_request([f"NVIDIA_VISIBLE_DEVICES={many}"])
@@ -248,7 +250,7 @@ def test_clip_bounds_any_echo_and_keeps_a_line_a_line() -> None:
 
 
 def test_requirements_are_bounded_before_they_are_split() -> None:
-    """Issue 24: 256 KiB per value and 4096 conditions in all, refused in one clipped line naming the variable;
+    """256 KiB per value and 4096 conditions in all, refused in one clipped line naming the variable;
     the count is linear, so a value at the bound costs milliseconds, not seconds."""
     big = "cuda>=1 " * (MAX_VALUE_CHARS // 8 + 1)
     with pytest.raises(RequestError, match=r"^NVIDIA_REQUIRE_CUDA is \d+ characters, more than 262144") as err:

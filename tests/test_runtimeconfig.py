@@ -215,6 +215,9 @@ def host_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
                           ("PODMAN_VENDOR_CONFIG", "usr/share/containers/containers.conf"),
                           ("DEFAULT_HOOKS_DIR", "etc/containers/oci/hooks.d")]:
         monkeypatch.setattr(runtimes, name, str(host / default))
+    from gpuhook.system import units  # no test asks the host's systemd (`gpuhook uninstall` disables units)
+
+    monkeypatch.setattr(units, "SYSTEMD_RUNNING", str(host / "run/systemd/system"))
     return host
 
 
@@ -236,7 +239,7 @@ def configure(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str,
 def test_mode_follows_the_installed_version(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                             capsys: pytest.CaptureFixture[str], runtime: str, binary: str, says: str,
                                             mode: str) -> None:
-    """Issue 23: Docker < 25 and containerd 1.6 have no CDI, so `runtime configure` without --mode picks hook."""
+    """Docker < 25 and containerd 1.6 have no CDI, so `runtime configure` without --mode picks hook."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / binary).write_text(f"#!/bin/sh\necho '{says}'\n")
@@ -690,7 +693,7 @@ def test_recorder_needs_no_podman(tmp_path: Path) -> None:
     assert_recorded(out)
 
 
-# --- containerd's base spec carries only what CRI applies anyway (issue 12, host safety item 2) ---------------
+# --- containerd's base spec carries only what CRI applies anyway ---------------
 
 # `ctr oci spec` of containerd 1.7 (oci.populateDefaultUnixSpec), capabilities and paths shortened.
 CTR_OCI_SPEC = {
@@ -782,7 +785,7 @@ def test_hook_mode_defaults_to_the_installed_entry_script(tmp_path: Path, capsys
     assert json.loads((hooks / "gpuhook.json").read_text())["hook"]["path"] == "/usr/local/bin/gpuhook-hook"
 
 
-# --- daemon.json keeps its layout (issue 12, operations item 13) ---------------------------------------------
+# --- daemon.json keeps its layout ---------------------------------------------
 
 @pytest.mark.parametrize("indent", ["    ", "\t", None], ids=["4-spaces", "tab", "one-line"])
 def test_docker_edit_keeps_indent_and_key_order(indent: str | None, tmp_path: Path,

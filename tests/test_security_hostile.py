@@ -468,11 +468,11 @@ def plain_and_gpu(fake: FakeDriver, tmp_path: Path, marker: Path,
                   start_one: Callable[[Path, bool, Path], Start]) -> tuple[Start, Start]:
     """The plain start and the GPU start of one case (`start_one(work, gpu, victim)`, each with its own victim
     dir holding host data), then what the host must show whatever came of them: nothing planted ran for the
-    GPU start, the watched directories, the victims and the mount table as the plain start left them, no
+    GPU start, the watched directories, the victims and the mounts it could touch as the plain start left them, no
     special file of the image opened, no hang, no traceback."""
     watched = [*hostile.HOST_WATCH, str(fake.root)]
     skip = [str(fake.root / "run")]  # the NVML mock's control files
-    mounts_before = hostile.host_mounts()
+    mounts_before = hostile.own_mounts(tmp_path, fake.root)
     before = hostile.signature(watched, skip)
     runs = {}
     for gpu in (False, True):
@@ -487,7 +487,7 @@ def plain_and_gpu(fake: FakeDriver, tmp_path: Path, marker: Path,
     # runc itself acts through some links (it makes /dev's ptmx, fd, stdio links in a /dev -> victim): the GPU
     # start may do exactly what the plain start did there, nothing more
     assert hostile.content(tmp_path / "host-victim-True") == hostile.content(tmp_path / "host-victim-False")
-    assert hostile.host_mounts() == mounts_before
+    assert hostile.own_mounts(tmp_path, fake.root) == mounts_before
     assert gpu.opened == [], f"a special file of the image was opened from the host: {gpu.opened}"
     assert gpu.rc is not None, f"the start hung (>{HOOK_TIMEOUT}s): {gpu.stderr}"
     assert "Traceback" not in gpu.stderr
@@ -566,7 +566,7 @@ def test_unprivileged_policy_leaves_the_image_alone(e2e: None, fake: FakeDriver,
 # --- hostile request sizes ------------------------------------------------------------------------------------
 
 
-HUGE_REQUESTS = {  # issue 17: each took minutes through a list membership test per id
+HUGE_REQUESTS = {  # each once took minutes through a list membership test per id
     "env-150k-ids": ([f"NVIDIA_VISIBLE_DEVICES={','.join(str(i) for i in range(150_000))}"], None,
                      "NVIDIA_VISIBLE_DEVICES is "),
     "env-10k-ids": ([f"NVIDIA_VISIBLE_DEVICES={','.join('GPU-x' for _ in range(10_000))}"], None,

@@ -253,7 +253,7 @@ def test_refused_request_changes_nothing(tmp_path: Path, fake_driver: Any, env: 
 ], ids=["env-150k", "annotation-200k"])  # fmt: skip
 def test_huge_request_is_refused_in_one_bounded_line(tmp_path: Path, fake_driver: Any, env: list[str],
                                                      annotations: dict[str, str], names: str) -> None:
-    """Issue 17: the request is bounded before any per-item work; the refusal names the variable, clipped."""
+    """The request is bounded before any per-item work; the refusal names the variable, clipped."""
     bundle = bundle_with(tmp_path, env)
     config = json.loads((bundle / "config.json").read_text())
     config["annotations"] = annotations
@@ -298,7 +298,7 @@ def test_published_cuda_image_through_the_shim(tmp_path: Path, fake_driver_facto
 ])  # fmt: skip
 def test_one_injection_beside_a_gpu_prestart_hook(tmp_path: Path, fake_driver: Any, hook: dict[str, Any]) -> None:
     """`docker run --runtime gpuhook --gpus all`: Docker adds its --gpus hook (NVIDIA's name) to config.json; the
-    shim must not inject a second time (issue 23)."""
+    shim must not inject a second time."""
     bundle = bundle_with(tmp_path, ["NVIDIA_VISIBLE_DEVICES=all"])
     config = json.loads((bundle / "config.json").read_text())
     config["hooks"] = {"prestart": [hook]}
@@ -490,7 +490,7 @@ def test_runc_create_start_through_the_shim_cgroup_v2(e2e: Path, fake_driver: An
     check_probe((e2e / "out.log").read_text())
 
 
-# --- the shim's planning through gpuhook service (issue 21) -----------------------------------------------------
+# --- the shim's planning through gpuhook service -----------------------------------------------------
 
 # The shim's main with its exec replaced by a line saying whether the planning modules were loaded here (the
 # create was prepared in-process) or not (the service prepared it).
@@ -500,7 +500,7 @@ SHIM_CLIENT = ("import os, sys; import gpuhook.shim.runtime as r; "
 
 
 def test_the_service_prepares_a_create_as_the_shim_does(tmp_path: Path, fake_driver: Any) -> None:
-    """Issue 21, item 1: with `gpuhook service` running, the shim asks it to plan a create. config.json and the
+    """With `gpuhook service` running, the shim asks it to plan a create. config.json and the
     log line are what the in-process shim writes; an error is the shim's own line, and the create does not go
     ahead; with nothing listening the shim plans itself."""
     need_root()

@@ -1,4 +1,4 @@
-"""A GPU start that would inject less than it asked for fails with one line (issue 12, fault C).
+"""A GPU start that would inject less than it asked for fails with one line.
 
 `inject devices=GPU-… nodes=0 mounts=0 links=0` used to exit 0: the container started without its GPU. The rule
 lives once, in model/edits.plan (and Inventory.device_gap, which the CDI generator uses too), so the hook, the

@@ -91,6 +91,9 @@ def test_a_gpu_request_fails_in_one_line(request: pytest.FixtureRequest, tmp_pat
     assert result.returncode == 1
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and FIX in lines[0] and "GPU container cannot start" in lines[0], result.stderr
+    if which == "interpreter_gone":  # the script is there: what is missing is its interpreter, named
+        python = hook.parent / "venv" / "bin" / "python3"
+        assert f"(its interpreter {python} is missing)" in lines[0], lines[0]
 
 
 @pytest.mark.parametrize("which", ["interpreter_gone", "package_gone"])

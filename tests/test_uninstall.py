@@ -153,3 +153,31 @@ def test_gpuhook_uninstall_puts_a_host_back(tmp_path: Path, capsys: pytest.Captu
     out = capsys.readouterr().out
     assert f"removed {hook}" in out
     assert snapshot(tmp_path) == before
+
+
+def test_gpuhook_uninstall_disables_the_enabled_units(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                      host_files: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """The CDI refresh and the service's socket, enabled by the package (or by hand): disabled and stopped by
+    `gpuhook uninstall` through systemctl (here a fake that records its calls), said first by --dry-run."""
+    (host_files / "run/systemd/system").mkdir(parents=True)
+    fakebin = tmp_path / "fakebin"
+    fakebin.mkdir()
+    calls = tmp_path / "calls"
+    systemctl = fakebin / "systemctl"
+    systemctl.write_text(f'#!/bin/sh\necho "$*" >> {calls}\n'
+                         'case "$1 $2" in "is-enabled gpuhook.service") echo static;; "is-enabled "*) echo enabled;; '
+                         "esac\n")
+    systemctl.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fakebin}:{os.environ['PATH']}")
+    hook = tmp_path / "gpuhook-hook"
+    assert main(["uninstall", "--hook-path", str(hook), "--dry-run"]) == 0
+    assert "dry run: would disable and stop gpuhook-cdi-refresh.service\n" in capsys.readouterr().out
+    assert "disable" not in calls.read_text().replace("is-enabled", "")
+    assert main(["uninstall", "--hook-path", str(hook)]) == 0
+    out = capsys.readouterr().out
+    assert "disabled and stopped gpuhook-cdi-refresh.service\ndisabled and stopped gpuhook.socket\n" in out
+    assert [c for c in calls.read_text().splitlines() if c.startswith("disable")] == [
+        "disable --now gpuhook-cdi-refresh.service", "disable --now gpuhook.socket"]
+    calls.unlink()
+    assert main(["uninstall", "--runtime", "docker", "--hook-path", str(hook)]) == 0  # one runtime: units stay
+    assert not calls.exists() or "disable" not in calls.read_text().replace("is-enabled", "")

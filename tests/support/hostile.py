@@ -243,7 +243,8 @@ def content(top: Path) -> dict[str, str]:
 
 
 def host_mounts() -> list[str]:
-    """The host's mount table as (mount point, source, fs type, options) lines, ids and peers dropped."""
+    """The host's mount table as (root, mount point, options, fs type, source, super options) lines, ids and
+    peers dropped. Whole, it changes whenever anything on the machine mounts: compare own_mounts() instead."""
     out = []
     with open("/proc/self/mountinfo", encoding="utf-8") as f:
         for line in f:
@@ -251,6 +252,25 @@ def host_mounts() -> list[str]:
             sep = fields.index("-")
             out.append(" ".join([fields[3], fields[4], fields[5], *fields[sep + 1 :]]))
     return sorted(out)
+
+
+def own_mounts(*paths: str | os.PathLike[str]) -> list[str]:
+    """host_mounts() limited to what a test's own code could touch: mount points at or below `paths` (the test's
+    temporary folder, its fake driver) or the host folders a start could bind over (HOST_WATCH), the mounts of
+    the folders above them, and a mount anywhere whose source lies in `paths` (a driver file bound elsewhere).
+    Another runtime, an image build or a second service mounting elsewhere on the machine does not show; a start
+    that leaks a mount into any of these places does."""
+    own = [os.path.realpath(os.fspath(p)).rstrip("/") or "/" for p in paths]
+    watched = [*own, *HOST_WATCH]
+    # a bind's root field is its source's path inside that file system: the last two names of a test's own
+    # folder (pytest-N/test_x0) name it whichever file system holds it
+    tails = ["/" + "/".join(p.split("/")[-2:]) + "/" for p in own if p.count("/") >= 2]
+
+    def touches(root: str, point: str) -> bool:
+        return any(point == w or point.startswith(w.rstrip("/") + "/") or w.startswith(point.rstrip("/") + "/")
+                   for w in watched) or any(t in root + "/" for t in tails)
+
+    return [line for line in host_mounts() if touches(*line.split()[:2])]
 
 
 def mounts_under(prefix: str | os.PathLike[str]) -> list[str]:

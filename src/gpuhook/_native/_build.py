@@ -90,6 +90,8 @@ def make_builder(absolute: bool) -> FFI:
         sources=[os.path.join(here, name) for name in SOURCES],
         include_dirs=[here],
         extra_compile_args=["-std=gnu11", "-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+        # confine.c's pthread_sigmask goes to gpuhook_native.c's raw rt_sigprocmask: no glibc 2.32 symbol
+        extra_link_args=["-Wl,--wrap=pthread_sigmask"],
     )
     return builder
 

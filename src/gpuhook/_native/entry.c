@@ -1,6 +1,6 @@
 /* gpuhook's native hook entry: what `gpuhook hook install` writes at the hook path.
  *
- * It only forwards; Python stays the one implementation of every decision (issue 21). It reads the OCI state
+ * It only forwards; Python stays the one implementation of every decision. It reads the OCI state
  * from stdin (a state over MAX_STATE bytes goes to the Python entry, below, never to the service), connects to `gpuhook service` ($GPUHOOK_SERVICE_SOCKET, else
  * /run/gpuhook/service.sock), sends its arguments, $GPUHOOK_CONFIG and the state (service/protocol.py, with
  * an O_DIRECTORY fd of /proc/<pid> over SCM_RIGHTS when the state names a pid), and relays the answer: the
@@ -278,13 +278,34 @@ static int state_has_sign(const char *state, size_t len) {
     return !found;
 }
 
+/* Why execv(`script`) failed with `err`, in words: ENOENT for a script that is there means its #! interpreter is
+ * gone (Python upgraded, the venv deleted), which is what the line must name. */
+static void exec_failure(const char *script, int err, char *why, size_t size) {
+    char line[PATH_MAX + 8];
+    int fd = err == ENOENT ? open(script, O_RDONLY | O_CLOEXEC | O_NONBLOCK) : -1;
+    ssize_t n = fd >= 0 ? read(fd, line, sizeof line - 1) : -1;
+    if (fd >= 0) close(fd);
+    if (n > 2 && line[0] == '#' && line[1] == '!') {
+        line[n] = 0;
+        char *interpreter = line + 2 + strspn(line + 2, " \t");
+        interpreter[strcspn(interpreter, " \t\r\n")] = 0;
+        if (*interpreter && access(interpreter, X_OK) != 0) {
+            snprintf(why, size, "its interpreter %s is missing", interpreter);
+            return;
+        }
+    }
+    snprintf(why, size, "%s", strerror(err));
+}
+
 /* The Python entry `script` could not be exec'd (errno `err`): a container without a GPU request starts (exit 0,
  * nothing said); anything else is one line naming the fix, exit 1. */
 static void stranded(char **argv, const char *state, size_t len, const char *script, int err) {
     int always = !state || (argv[1] && !strcmp(argv[1], "cdi-hook"));
     if (!always && !state_has_sign(state, len)) exit(0);
+    char why[PATH_MAX + 64];
+    exec_failure(script, err, why, sizeof why);
     fprintf(stderr, "gpuhook-hook: cannot run the Python entry %s (%s): reinstall gpuhook, then run "
-            "`gpuhook hook install`%s\n", script, strerror(err), always ? "" : "; this GPU container cannot start");
+            "`gpuhook hook install`%s\n", script, why, always ? "" : "; this GPU container cannot start");
     exit(1);
 }
 

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +19,41 @@
 #include <unistd.h>
 
 #include <linux/bpf.h>
+
+/* Symbols glibc gave new versions after 2.17 are reached by raw system calls instead, so the wheel's extension
+ * runs on every glibc >= 2.17 (its manylinux tag; tests/test_native.py checks the versions it references):
+ * fstat and mknodat became real symbols in 2.33 (before: __fxstat, __xmknodat), pthread_sigmask got a new
+ * version in 2.32. The kernel's struct stat is glibc's on x86-64 and on the 64-bit generic ABI (aarch64). */
+static int gh_fstat(int fd, struct stat *st)
+{
+    return (int)syscall(SYS_fstat, fd, st);
+}
+
+static int gh_mknod_raw(int dirfd, const char *path, mode_t mode, dev_t dev)
+{
+    unsigned int kdev = (unsigned int)dev; /* the kernel takes the 32-bit encoding, as glibc passes it */
+
+    if ((dev_t)kdev != dev) {
+        errno = EINVAL;
+        return -1;
+    }
+    return (int)syscall(SYS_mknodat, dirfd, path, mode, kdev);
+}
+
+/* confine.c's pthread_sigmask calls, routed here at link time (-Wl,--wrap=pthread_sigmask, _build.py). As glibc
+ * does, the two signals it keeps for itself (SIGCANCEL 32, SIGSETXID 33) are never blocked. */
+__attribute__((visibility("hidden"))) int __wrap_pthread_sigmask(int how, const sigset_t *set, sigset_t *old);
+int __wrap_pthread_sigmask(int how, const sigset_t *set, sigset_t *old)
+{
+    sigset_t copy;
+
+    if (set) {
+        memcpy(&copy, set, sizeof copy);
+        ((unsigned long *)&copy)[0] &= ~((1UL << (32 - 1)) | (1UL << (33 - 1)));
+        set = &copy;
+    }
+    return syscall(SYS_rt_sigprocmask, how, set, old, _NSIG / 8) == 0 ? 0 : errno;
+}
 
 #ifndef SYS_openat2
 #define SYS_openat2 437
@@ -418,7 +454,7 @@ int gh_elf_info_fd(int fd, struct gh_elfinfo *out, char *err, size_t errlen)
     struct stat st;
     struct src s = {NULL, fd, 0};
 
-    if (fstat(fd, &st) != 0)
+    if (gh_fstat(fd, &st) != 0)
         return -1;
     if (!S_ISREG(st.st_mode)) {
         memset(out, 0, sizeof *out);
@@ -506,7 +542,7 @@ int gh_openat2(int dirfd, const char *path, uint64_t flags, uint64_t mode, uint6
 
 int gh_mknodat(int dirfd, const char *path, uint32_t mode, uint32_t major, uint32_t minor)
 {
-    return mknodat(dirfd, path, (mode_t)mode, makedev(major, minor));
+    return gh_mknod_raw(dirfd, path, (mode_t)mode, makedev(major, minor));
 }
 
 /* Raw syscalls: glibc only wraps these from 2.36. */
@@ -545,7 +581,7 @@ int gh_bind_files(int count, const int *dirfds, char *const names[], const int *
         struct stat st;
         int fd = -1, attempt, step = 0;
 
-        if (fstat(trees[i], &st) != 0) {
+        if (gh_fstat(trees[i], &st) != 0) {
             step = GH_BIND_TREE;
             goto failed;
         }

@@ -99,9 +99,12 @@ def doctor(driver_root: str | None, dev_root: str | None, proc_root: str | None,
         raise click.UsageError("--bundle and --env/--annotation/--device-mount/--privileged are exclusive")
     report = Report()
     try:
-        config = load_config(config_path)
+        config = load_config(config_path, warn=False)  # what it ignores is a finding here, not a stderr line
         if config_path or config.source != "(defaults)":
             report.add([Finding("host", OK, f"hook config {config.source} reads")])
+        if config.ignored:
+            report.add([Finding("host", INFO, f"hook config {config.source}: NVIDIA settings gpuhook ignores: "
+                                              + "; ".join(config.ignored))])
     except GpuhookError as exc:
         config = Config()
         report.add([Finding("host", PROBLEM, f"hook config: {exc} (checking with defaults)",

@@ -81,7 +81,8 @@ def summary(fake: FakeDriver) -> str:
     flags = f"--driver-root {fake.root} --proc-root {fake.root}/proc"
     lines += ["use it with these flags (the simulated driver has its own /proc):",
               f"  gpuhook info {flags}",
-              f"  gpuhook generate-cdi {flags} --output /etc/cdi/nvidia.yaml",
+              # a spec folder of its own: a spec in /etc/cdi would give every container on the host fake GPUs
+              f"  gpuhook generate-cdi {flags} --output {fake.root}-cdi/nvidia.yaml",
               f'  hook config: driver-root = "{fake.root}"  proc-root = "{fake.root}/proc"']
     return "\n".join(lines)
 

@@ -16,13 +16,14 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from gpuhook.errors import GpuhookError
 from gpuhook.model.record import Record
 
 CSRC = Path(__file__).with_name("csrc")
 
 
-class CompileError(RuntimeError):
-    """gcc failed or is missing."""
+class CompileError(GpuhookError):
+    """gcc failed or is missing: one line saying what to install (the packages ship no compiler)."""
 
 
 def cache_dir() -> Path:
@@ -48,7 +49,9 @@ def _sources_digest() -> str:
 def _gcc() -> str:
     gcc = shutil.which("gcc") or shutil.which("cc")
     if gcc is None:
-        raise CompileError("the fake driver needs gcc (or cc) on PATH to build its libraries")
+        raise CompileError("the simulated driver's libraries are built here with a C compiler, and there is no gcc "
+                           "(or cc) on PATH: install one (Debian, Ubuntu: apt-get install gcc libc6-dev; "
+                           "RHEL: dnf install gcc)")
     return gcc
 
 

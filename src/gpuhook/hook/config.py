@@ -44,6 +44,9 @@ _FIELDS: dict[str, tuple[type, Any]] = {
     "annotation_prefixes": (list, ("cdi.k8s.io/",)),  # NVIDIA's modes.cdi.annotation-prefixes
     # where a start leaves the device plugin its record of a runtime that ignored CDI devices (hook/cdiignored.py)
     "state_dir": (str, STATE_DIR),  # empty: none
+    # the shim's real runtime when $GPUHOOK_RUNTIME is unset: the first found, a name on PATH or a path
+    # (NVIDIA's [nvidia-container-runtime] runtimes)
+    "runtimes": (list, ("runc",)),
 }
 # NVIDIA's own spellings, accepted so that a config.toml carried over from the toolkit means the same here.
 _ALIASES = {"supported_driver_capabilities": "supported_capabilities",
@@ -52,12 +55,12 @@ _ALIASES = {"supported_driver_capabilities": "supported_capabilities",
 
 
 class Config:
-    """Immutable settings (keyword arguments named like the attributes); `source`, the file read, takes no part
-    in equality. A plain class, not a dataclass: see the module docstring."""
+    """Immutable settings (keyword arguments named like the attributes); `source`, the file read, and `ignored`
+    take no part in equality. A plain class, not a dataclass: see the module docstring."""
 
     __slots__ = ("driver_root", "dev_root", "proc_root", "ldconfig", "log_file", "accept_envvar_unprivileged",
                  "accept_volume_mounts", "disable_require", "_supported_capabilities", "inventory_cache",
-                 "swarm_resource", "annotation_prefixes", "state_dir", "source")
+                 "swarm_resource", "annotation_prefixes", "state_dir", "runtimes", "source", "ignored")
     driver_root: str
     dev_root: str
     proc_root: str
@@ -71,9 +74,11 @@ class Config:
     swarm_resource: tuple[str, ...]
     annotation_prefixes: tuple[str, ...]
     state_dir: str
+    runtimes: tuple[str, ...]
     source: str
+    ignored: tuple[str, ...]  # NVIDIA's keys the file sets that gpuhook ignores, `key = value (why)` each
 
-    def __init__(self, source: str = "(defaults)", **values: Any) -> None:
+    def __init__(self, source: str = "(defaults)", ignored: tuple[str, ...] = (), **values: Any) -> None:
         unknown = set(values) - set(_FIELDS)
         if unknown:
             raise TypeError(f"Config() got an unexpected keyword argument {sorted(unknown)[0]!r}")
@@ -81,6 +86,7 @@ class Config:
             slot = "_supported_capabilities" if name == "supported_capabilities" else name
             object.__setattr__(self, slot, values.get(name, default))
         object.__setattr__(self, "source", source)
+        object.__setattr__(self, "ignored", ignored)
 
     @property
     def supported_capabilities(self) -> tuple[str, ...]:
@@ -280,14 +286,41 @@ def _retired_service_socket(path: str, data: dict[str, object]) -> None:
 
 
 def parse_config(text: str, path: str = "<config>") -> Config:
+    """The file's settings. NVIDIA's own config.toml is read too: its tables map to gpuhook's keys
+    (hook/nvidiaconfig.py), and what has no gpuhook meaning is kept in `ignored`."""
     data = _parse_toml(text, path)
     _retired_service_socket(path, data)
-    values = {_attribute(key): _convert(path, key, value) for key, value in data.items()}
-    return Config(source=path, **values)
+    ignored: tuple[str, ...] = ()
+    if any(isinstance(value, dict) for value in data.values()):
+        from gpuhook.hook.nvidiaconfig import expand
+
+        data, ignored = expand(path, data)
+    values: dict[str, object] = {}
+    named: dict[str, str] = {}
+    for key, value in data.items():
+        attr, converted = _attribute(key), _convert(path, key, value)
+        if attr in values and values[attr] != converted:  # two spellings of one setting
+            raise ConfigError(f"{path}: {named[attr]} and {key} both set, to different values: keep one")
+        values[attr], named[attr] = converted, key
+    return Config(source=path, ignored=ignored, **values)
 
 
-def load_config(path: str | None) -> Config:
-    """`path`, else the default file if it exists, else defaults. An explicit missing path is an error."""
+_warned: set[str] = set()
+
+
+def warn_ignored(config: Config) -> None:
+    """One line on stderr, once per file in a process, naming what of NVIDIA's settings the file holds that
+    gpuhook ignores (nothing when there is none)."""
+    if config.ignored and config.source not in _warned:
+        _warned.add(config.source)
+        import sys
+
+        print(f"gpuhook: warning: {config.source}: ignored: " + "; ".join(config.ignored), file=sys.stderr)
+
+
+def load_config(path: str | None, warn: bool = True) -> Config:
+    """`path`, else the default file if it exists, else defaults. An explicit missing path is an error. `warn`:
+    name what the file sets that gpuhook ignores (warn_ignored)."""
     target = path or DEFAULT_PATH
     try:
         with open(target, encoding="utf-8") as f:
@@ -299,6 +332,8 @@ def load_config(path: str | None) -> Config:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read config file {target}: {exc}") from None
     config = parse_config(text, target)
+    if warn:
+        warn_ignored(config)
     for key in ("driver_root", "proc_root", "state_dir"):  # a hook's cwd is the bundle: never relative
         value = getattr(config, key)
         if not os.path.isabs(value) and (value or key != "state_dir"):

@@ -153,7 +153,8 @@ def parse_capabilities(
         elif item in catalogue.CAPABILITIES:
             caps.add(item)
         else:
-            raise RequestError(f"unknown driver capability {clip(item)} in {DRIVER_CAPABILITIES}={clip(value)}")
+            raise RequestError(f"unknown driver capability {clip(item)} in {DRIVER_CAPABILITIES}={clip(value)} "
+                               f"(known: all, {', '.join(sorted(catalogue.CAPABILITIES))})")
     unsupported = caps - supported
     if unsupported:
         raise RequestError(

@@ -7,9 +7,9 @@ config.json — device nodes, device cgroup allow rules, bind mounts and the CDI
 so the result is the same on cgroup v1 and v2. Every other subcommand, and every container without a GPU request,
 reaches the runtime untouched (config.json byte for byte).
 
-Environment: GPUHOOK_RUNTIME (the real runtime: a name looked up on PATH, or a path; default `runc`) and
-GPUHOOK_CONFIG (the hook's config file; default /etc/gpuhook/config.toml). Like the hook, the import path is lean:
-no click, YAML, jsonschema or gRPC.
+Environment: GPUHOOK_RUNTIME (the real runtime: a name looked up on PATH, or a path; default: the first of the
+config's `runtimes` found, runc) and GPUHOOK_CONFIG (the hook's config file; default /etc/gpuhook/config.toml).
+Like the hook, the import path is lean: no click, YAML, jsonschema or gRPC.
 """
 
 from __future__ import annotations
@@ -244,20 +244,42 @@ def _self_paths() -> set[str]:
     return {os.path.realpath(me), os.path.realpath(os.path.join(os.path.dirname(sys.executable), PROG))}
 
 
-def real_runtime(environ: dict[str, str] | None = None) -> str:
-    """The runtime to exec: $GPUHOOK_RUNTIME or `runc`, never this shim itself (that would loop)."""
+def real_runtime(environ: dict[str, str] | None = None, runtimes: Sequence[str] = (DEFAULT_RUNTIME,)) -> str:
+    """The runtime to exec: $GPUHOOK_RUNTIME, else the first of the config's `runtimes` found (NVIDIA's
+    [nvidia-container-runtime] runtimes: each a path, or a name looked up on PATH), never this shim itself (that
+    would loop)."""
     env = os.environ if environ is None else environ
-    wanted = env.get(RUNTIME_ENV) or DEFAULT_RUNTIME
     me = _self_paths()
-    if os.sep in wanted:
+    wanted = env.get(RUNTIME_ENV)
+    if wanted and os.sep in wanted:
         if os.path.realpath(wanted) in me:
             raise ShimError(f"{RUNTIME_ENV}={wanted} is {PROG} itself")
         return wanted
-    for folder in env.get("PATH", os.defpath).split(os.pathsep):
-        candidate = os.path.join(folder or ".", wanted)
-        if os.path.isfile(candidate) and os.access(candidate, os.X_OK) and os.path.realpath(candidate) not in me:
-            return candidate
-    raise ShimError(f"cannot find the runtime {wanted!r} on PATH (set {RUNTIME_ENV})")
+    for name in [wanted] if wanted else runtimes:
+        if os.sep in name:
+            if os.path.isfile(name) and os.access(name, os.X_OK) and os.path.realpath(name) not in me:
+                return name
+            continue
+        for folder in env.get("PATH", os.defpath).split(os.pathsep):
+            candidate = os.path.join(folder or ".", name)
+            if os.path.isfile(candidate) and os.access(candidate, os.X_OK) and os.path.realpath(candidate) not in me:
+                return candidate
+    if wanted or list(runtimes) == [DEFAULT_RUNTIME]:
+        raise ShimError(f"cannot find the runtime {wanted or DEFAULT_RUNTIME!r} on PATH (set {RUNTIME_ENV})")
+    raise ShimError(f"cannot find any of the config's runtimes {', '.join(runtimes)} (set {RUNTIME_ENV})")
+
+
+def configured_runtimes(config_path: str | None) -> tuple[str, ...]:
+    """The config's `runtimes` when $GPUHOOK_RUNTIME does not name one; a config that cannot be read names
+    none (runc, the default), as it fails only a container that asks for a GPU."""
+    if os.environ.get(RUNTIME_ENV):
+        return (DEFAULT_RUNTIME,)
+    from gpuhook.hook.config import load_config
+
+    try:
+        return load_config(config_path, warn=False).runtimes or (DEFAULT_RUNTIME,)
+    except GpuhookError:
+        return (DEFAULT_RUNTIME,)
 
 
 def prepare(inv: Invocation, config_path: str | None) -> tuple[str, str]:
@@ -346,7 +368,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG} {version()} (gpuhook's OCI runtime shim)", flush=True)
     try:
         inv = parse_argv(args)
-        runtime = real_runtime()
+        runtime = real_runtime(runtimes=configured_runtimes(config_path))
         if inv.command in CREATE_COMMANDS and not inv.help:
             log_file, line = prepare_anywhere(inv, config_path)
             append_log(log_file, time.strftime("%Y-%m-%dT%H:%M:%S ") + line)
