@@ -49,7 +49,6 @@ def _back_to(ns_fd: int) -> None:
     os.close(ns_fd)
 
 
-
 class Dispatch:
     """The Service's dispatch of a whole request (its other parts: server.py)."""
 

@@ -17,8 +17,10 @@ reads (the state, config.json, the plan), so a client that has no TAKING within 
 crashed or flooded service: entry.c's GPUHOOK_SERVICE_ACK_MS, 250 ms) closes the connection and runs the call
 in-process itself. A client that got TAKING in time sends GO and from then on waits for the answer and never runs
 the call itself; the service's child touches nothing until it has read GO, and leaves without a trace when the
-connection ends first (the client gave up). So exactly one of the two ever acts: the client's GO decides. An
-answer that comes without TAKING (no GPU request, a refusal, DECLINED) changed nothing and is final.
+connection ends first (the client gave up). So exactly one of the two ever acts: the client's GO decides. Every
+start's answer that comes with a log line (no GPU request and a refusal too, answered by the service's parent) comes
+after TAKING and GO, so exactly one of the two ever logs it. An answer that comes without TAKING (DECLINED, a bad
+request, a ping) changed nothing, logged nothing and is final.
 
 Besides the hooks, Python clients (service/client.py) send `generate-cdi ARGS` (the `gpuhook` console script) and
 `runtime-prepare BUNDLE ID CONFIG` (the shim, gpuhook-runtime), with an empty state, their cwd and interpreter;
