@@ -188,7 +188,12 @@ def test_cdi_hooks_whose_state_never_comes_take_no_child_another_start_needs(roo
     from gpuhook.discover import cache
     from gpuhook.service import server
 
+    from gpuhook.service import calls
+
     monkeypatch.setattr(cache, "_WARM", None)
+    # the children forked here hold copies of this process's other clients' ends, so a client closed here is not
+    # gone for them: they wait out GO_WAIT_S (a service holds no client's end: its children see every close)
+    monkeypatch.setattr(calls, "GO_WAIT_S", 2.0)
     service = Service(str(write_config(root_tmp, Path(fake_driver.root))), str(root_tmp / "run" / "s.sock"))
     answers, clients = [], []
     try:
