@@ -186,9 +186,7 @@ def test_cdi_hooks_whose_state_never_comes_take_no_child_another_start_needs(roo
     """150 cdi-hook requests whose state never comes hold at most MAX_LATE children (the rest are DECLINED:
     their clients run them in-process); a prestart start that touches a container still gets its child."""
     from gpuhook.discover import cache
-    from gpuhook.service import server
-
-    from gpuhook.service import calls
+    from gpuhook.service import calls, server
 
     monkeypatch.setattr(cache, "_WARM", None)
     # the children forked here hold copies of this process's other clients' ends, so a client closed here is not
