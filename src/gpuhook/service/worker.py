@@ -37,12 +37,10 @@ WORKER_MESSAGE = 256 << 10  # the largest request handed to a worker (a bigger s
 READY = b"R"  # a worker's word that it is back, clean, for the next start
 
 
-def mapped_files() -> frozenset[tuple[bytes, bytes]]:
-    """The (device, inode) of every file this process maps (/proc/self/maps): a library or extension loaded
-    since shows as one more."""
-    with open("/proc/self/maps", "rb") as maps:
-        lines = maps.read().splitlines()
-    return frozenset((f[3], f[4]) for f in (line.split(None, 5) for line in lines) if len(f) > 4 and f[4] != b"0")
+def mapped_files() -> frozenset[str]:
+    """The address ranges of every file this process maps (/proc/self/map_files, root's to read): a library or
+    extension loaded since, or any file mapped, shows as one more. A third of reading /proc/self/maps."""
+    return frozenset(os.listdir("/proc/self/map_files"))
 
 
 def open_fds(besides: int = -1) -> list[int]:
