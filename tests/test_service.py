@@ -1,4 +1,4 @@
-"""`gpuhook service` and the native hook entry (issue 21): the protocol's bounds, who may talk to the service,
+"""`gpuhook service` and the native hook entry: the protocol's bounds, who may talk to the service,
 a runc start through it giving the container the in-process hook gives, and every way the service can fail a
 client (stopped, hung, dead after accepting) ending as the safety rules say: fall back only before a request
 was sent, otherwise one line and exit 1, never a second injection."""

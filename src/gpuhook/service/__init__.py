@@ -1,4 +1,4 @@
-"""`gpuhook service`: the resident process behind the native hook entry (issue 21).
+"""`gpuhook service`: the resident process behind the native hook entry.
 
 A runtime starts the hook for every container; a fresh Python per start costs ~25 ms before any work. The
 service pays that once: it imports the hook's modules and loads the config and inventory at start, then forks a

@@ -1,6 +1,6 @@
 """The Python clients of `gpuhook service`: `gpuhook generate-cdi …` (the console script) and the shim's planning
-of a create (`gpuhook-runtime`), answered from the service's warm modules and inventory in one round trip
-(issue 21), or None so the caller runs it in-process.
+of a create (`gpuhook-runtime`), answered from the service's warm modules and inventory in one round trip, or
+None so the caller runs it in-process.
 
 Lean on purpose: it runs before anything else of the console script, so it loads `_socket` and protocol.py
 (`_json`, `_struct`), never `socket`, `json`, `re` or `enum` (about 20 ms of imports, more than the round trip).
