@@ -143,8 +143,9 @@ class Admission:
             self._finish(pending)
             return
         self._drop_pending(fd)
-        if _hung_up(pending.conn):  # its client gave up waiting (a service that was stopped): it runs the call
-            if request.pid_fd is not None:  # itself, and nothing here may add a second log line for that start
+        if _polled(pending.conn, select.POLLRDHUP | select.POLLHUP):  # its client gave up waiting (a service
+            # that was stopped): it runs the call itself, and nothing here may add a second log line for that start
+            if request.pid_fd is not None:
                 os.close(request.pid_fd)
             self._finish(pending)
             return
@@ -209,7 +210,7 @@ class Admission:
                 self._drop_pending(fd)
                 self._decline(pending.conn, pending.peer)
         for fd in [fd for fd, h in self.holding.items() if h.deadline <= now]:
-            if _readable_now(self.holding[fd].conn):  # its GO came: a busy loop had not got to it yet
+            if _polled(self.holding[fd].conn, select.POLLIN):  # its GO came: a busy loop had not got to it yet
                 self._go_or_gone(fd)
             else:
                 self._drop_held(fd).conn.close()
@@ -270,14 +271,9 @@ class Admission:
         self._refused_at, self._refused_quiet = now, 0
 
 
-def _hung_up(conn: socket.socket) -> bool:
-    """Whether the client closed its end already (POLLRDHUP: it sent its request and gave up on the answer)."""
+def _polled(conn: socket.socket, events: int) -> bool:
+    """Whether `conn` has `events` now (POLLRDHUP: its client sent its request and gave up on the answer;
+    POLLIN: it wrote)."""
     poller = select.poll()
-    poller.register(conn.fileno(), select.POLLRDHUP | select.POLLHUP)
-    return bool(poller.poll(0))
-
-
-def _readable_now(conn: socket.socket) -> bool:
-    poller = select.poll()
-    poller.register(conn.fileno(), select.POLLIN)
+    poller.register(conn.fileno(), events)
     return bool(poller.poll(0))
