@@ -1,7 +1,10 @@
 """Shared fixtures: the simulated driver (tests/support/fakefix.py), NVIDIA's real driver roots
 (tests/support/realfix.py) and the end-to-end gate."""
 
+import contextlib
+import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from support.fakefix import *  # noqa: F401,F403
@@ -34,6 +37,18 @@ def _service_mode(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     session.config.stash[_HOST_KEY] = host_snapshot()
+    _cluster_tools()
+
+
+def _cluster_tools() -> None:
+    """The folders of the Kubernetes programs .ci/build-k8s built on this machine (it lists them in its cache's
+    `env`), unless the environment already names them: the README's test command finds them without .ci/run."""
+    path = os.path.join(os.environ.get("GPUHOOK_K8S_CACHE", "/var/cache/gpuhook-k8s"), "env")
+    with contextlib.suppress(OSError):
+        for line in Path(path).read_text().splitlines():
+            name, _, value = line.partition("=")
+            if name.startswith("GPUHOOK_") and value:
+                os.environ.setdefault(name, value)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -28,7 +28,7 @@ from .daemon import daemon_process, wait_ready
 
 BIN_ENV = "GPUHOOK_K8S_BIN"
 ETCD_ENV = "GPUHOOK_ETCD"
-BINARIES = ("kube-apiserver", "kube-scheduler", "kubelet")
+BINARIES = ("kube-apiserver", "kube-scheduler", "kube-controller-manager", "kubelet")
 
 
 def binaries() -> tuple[Path, Path] | str:
@@ -39,7 +39,7 @@ def binaries() -> tuple[Path, Path] | str:
     missing = [b for b in BINARIES if not os.access(os.path.join(folder, b), os.X_OK)]
     if missing:
         return f"${BIN_ENV}={folder} lacks {', '.join(missing)}"
-    etcd = os.environ.get(ETCD_ENV) or os.path.join(folder, "etcd")
+    etcd = os.environ.get(ETCD_ENV) or os.path.join(os.environ.get("GPUHOOK_ETCD_BIN") or folder, "etcd")
     if not os.access(etcd, os.X_OK):
         etcd = shutil.which("etcd") or ""
     if not etcd:
@@ -64,11 +64,15 @@ def kubeconfig(path: Path, server: str, token: str) -> Path:
     return path
 
 
+def node_token(name: str) -> str:
+    return f"node-token-{name}"
+
+
 class ControlPlane:
-    def __init__(self, root: Path, bin_dir: Path, server: str, admin_token: str) -> None:
+    def __init__(self, root: Path, bin_dir: Path, server: str, admin_token: str, first_node_token: str) -> None:
         self.root, self.bin_dir, self.server, self.admin_token = root, bin_dir, server, admin_token
         self.admin_kubeconfig = kubeconfig(root / "admin.kubeconfig", server, admin_token)
-        self.node_token = "node-token-e2e"
+        self.node_token = first_node_token
         self._ctx = ssl.create_default_context()
         self._ctx.check_hostname = False
         self._ctx.verify_mode = ssl.CERT_NONE
@@ -119,16 +123,20 @@ class ControlPlane:
 
 
 @contextlib.contextmanager
-def control_plane(root: Path, bin_dir: Path, etcd: Path, node: str, scheduler: bool = True
-                  ) -> Iterator[ControlPlane]:
-    """etcd + kube-apiserver (+ kube-scheduler) under `root`; yields once /readyz answers."""
+def control_plane(root: Path, bin_dir: Path, etcd: Path, node: str | list[str], scheduler: bool = True,
+                  controller_manager: bool = False) -> Iterator[ControlPlane]:
+    """etcd + kube-apiserver (+ kube-scheduler, + kube-controller-manager) under `root`; yields once /readyz
+    answers. With the controller manager, service accounts work as in a real cluster (the ServiceAccount
+    admission plugin on, tokens and the root CA's ConfigMap made by its controllers)."""
+    nodes = [node] if isinstance(node, str) else node
     root.mkdir(parents=True, exist_ok=True)
     etcd_port, etcd_peer, api_port = free_port(), free_port(), free_port()
     admin_token = "admin-token-e2e"
     (root / "tokens.csv").write_text(
         f'{admin_token},admin,admin,"system:masters"\n'
         "scheduler-token-e2e,system:kube-scheduler,scheduler\n"
-        f'node-token-e2e,system:node:{node},node,"system:nodes"\n')
+        'controller-manager-token-e2e,controller-manager,controller-manager,"system:masters"\n'
+        + "".join(f'{node_token(n)},system:node:{n},node-{n},"system:nodes"\n' for n in nodes))
     sa_key = root / "sa.key"
     subprocess.run(["openssl", "genrsa", "-out", str(sa_key), "2048"], check=True, capture_output=True)
     server = f"https://127.0.0.1:{api_port}"
@@ -149,10 +157,11 @@ def control_plane(root: Path, bin_dir: Path, etcd: Path, node: str, scheduler: b
              "--authorization-mode=Node,RBAC", f"--service-account-key-file={sa_key}",
              f"--service-account-signing-key-file={sa_key}", "--service-account-issuer=https://kubernetes.default.svc",
              "--service-cluster-ip-range=10.96.0.0/16", "--allow-privileged=true",
-             "--enable-admission-plugins=NodeRestriction", "--disable-admission-plugins=ServiceAccount",
+             "--enable-admission-plugins=NodeRestriction",
+             *([] if controller_manager else ["--disable-admission-plugins=ServiceAccount"]),
              "--endpoint-reconciler-type=none", "--storage-media-type=application/json", "--v=1"],
             {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, root, "apiserver.log"))
-        plane = ControlPlane(root, bin_dir, server, admin_token)
+        plane = ControlPlane(root, bin_dir, server, admin_token, node_token(nodes[0]))
         wait_ready(api_proc, lambda: plane.request("GET", "/readyz")[0] == 200, "kube-apiserver",
                    root / "apiserver.log", 120, 0.5)
         if scheduler:
@@ -162,6 +171,16 @@ def control_plane(root: Path, bin_dir: Path, etcd: Path, node: str, scheduler: b
                  f"--authentication-kubeconfig={sched_config}", f"--authorization-kubeconfig={sched_config}",
                  "--leader-elect=false", "--secure-port=0", "--v=2"],
                 {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, root, "scheduler.log"))
+        if controller_manager:
+            cm_config = kubeconfig(root / "controller-manager.kubeconfig", server, "controller-manager-token-e2e")
+            stack.enter_context(daemon_process(
+                [str(bin_dir / "kube-controller-manager"), f"--kubeconfig={cm_config}",
+                 f"--authentication-kubeconfig={cm_config}", f"--authorization-kubeconfig={cm_config}",
+                 f"--service-account-private-key-file={sa_key}",
+                 f"--root-ca-file={root / 'apiserver-certs' / 'apiserver.crt'}",
+                 "--controllers=*,-csrsigning,-csrapproving,-csrcleaner,-nodeipam,-cloud-node-lifecycle",
+                 "--leader-elect=false", "--secure-port=0", "--node-monitor-grace-period=20s", "--v=1"],
+                {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, root, "controller-manager.log"))
         yield plane
 
 

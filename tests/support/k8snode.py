@@ -234,6 +234,7 @@ def kubelet_node(root: Path, plane: ControlPlane, name: str, cdi_dir: Path, cont
     (root / "kubelet.yaml").write_text(json.dumps({
         "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
         "cgroupDriver": "cgroupfs", "cgroupsPerQOS": False, "enforceNodeAllocatable": [],
+        "failCgroupV1": False,  # this machine mounts cgroup v1; kubelets from 1.35 refuse it unless told
         "featureGates": {"KubeletInUserNamespace": True}, "failSwapOn": False,
         "authentication": {"anonymous": {"enabled": True}, "webhook": {"enabled": False}},
         "authorization": {"mode": "AlwaysAllow"},
