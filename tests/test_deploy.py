@@ -72,7 +72,8 @@ def test_the_example_pod_matches_the_api_schema() -> None:
 
 
 def test_the_schema_check_catches_a_misspelt_field_and_a_wrong_type() -> None:
-    (ds,) = [o for o in render(DEPLOY / "overlays/device-plugin") if o["metadata"]["name"] == "gpuhook-node-setup"]
+    (ds,) = [o for o in render(DEPLOY / "overlays/device-plugin")
+             if (o["kind"], o["metadata"]["name"]) == ("DaemonSet", "gpuhook-node-setup")]
     container = ds["spec"]["template"]["spec"]["containers"][0]
     container["volumeMounts"][0]["mountPropogation"] = "HostToContainer"
     ds["spec"]["template"]["spec"]["hostPID"] = "yes"
@@ -118,17 +119,27 @@ def test_each_value_reaches_every_field_that_carries_it(tmp_path: Path) -> None:
     assert "--hook-path=$(GPUHOOK_PREFIX)/bin/gpuhook-hook" in [a.split("#")[0].strip() for a in container["args"]]
 
 
-def test_no_component_gets_api_access_and_node_setup_options_match_the_command() -> None:
-    """RBAC only where a component talks to the API server: neither does, so no account, role or token; every
-    GPUHOOK_* variable node-setup's container sets is one of its command's options, and its probe parses."""
+def test_api_access_is_each_components_read_of_its_own_daemonset_and_options_match_the_command() -> None:
+    """RBAC only where a component talks to the API server: node-setup and the device plugin each read their
+    own DaemonSet (to tell an uninstall from a rolling update when a pod stops), nothing else; every GPUHOOK_*
+    variable node-setup's container sets is one of its command's options, and its probe parses."""
     from gpuhook.cli.nodesetup import node_setup
 
     objects = render(DEPLOY / "overlays/device-plugin")
-    assert not [o for o in objects if o["kind"] in {"ServiceAccount", "Role", "ClusterRole", "RoleBinding",
-                                                     "ClusterRoleBinding"}]
-    pods = [o["spec"]["template"]["spec"] for o in objects if o["kind"] == "DaemonSet"]
-    assert all(p["automountServiceAccountToken"] is False for p in pods)
-    (setup,) = [o for o in objects if o["metadata"]["name"] == "gpuhook-node-setup"]
+    rbac = {(o["kind"], o["metadata"]["name"]): o for o in objects
+            if o["kind"] in {"ServiceAccount", "Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding"}}
+    names = ("gpuhook-node-setup", "gpuhook-device-plugin")
+    assert sorted(rbac) == sorted((kind, n) for kind in ("Role", "RoleBinding", "ServiceAccount") for n in names)
+    for name in names:
+        assert rbac["Role", name]["rules"] == [
+            {"apiGroups": ["apps"], "resources": ["daemonsets"], "resourceNames": [name], "verbs": ["get"]}]
+        assert rbac["RoleBinding", name]["subjects"] == [
+            {"kind": "ServiceAccount", "name": name, "namespace": "gpuhook"}]
+        (ds,) = [o for o in objects if (o["kind"], o["metadata"]["name"]) == ("DaemonSet", name)]
+        pod = ds["spec"]["template"]["spec"]
+        assert pod["serviceAccountName"] == name
+        assert {"name": "GPUHOOK_DAEMONSET", "value": name} in pod["containers"][0]["env"]
+    (setup,) = [o for o in objects if (o["kind"], o["metadata"]["name"]) == ("DaemonSet", "gpuhook-node-setup")]
     (container,) = setup["spec"]["template"]["spec"]["containers"]
     known = {p.envvar for c in node_setup.commands.values() for p in c.params if getattr(p, "envvar", None)}
     assert {e["name"] for e in container["env"] if e["name"].startswith("GPUHOOK_")} <= known

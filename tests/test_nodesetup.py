@@ -90,13 +90,17 @@ def test_install_and_uninstall_through_a_host_mount_leave_the_host_as_it_was(tmp
     opts = Options(str(host), "/usr/local/gpuhook", runtime="containerd", restart="none", links=links)
     report = install(opts, source(), entry_script)
     prefix = host / "usr/local/gpuhook"
-    # The hook entry names the payload's interpreter by its host path, and that wrapper runs it by its own loader.
-    assert (prefix / "bin/gpuhook-hook.py").read_text().startswith("#!/usr/local/gpuhook/bin/python3 -IS\n")
+    release = payload.release_id(source())
+    here = f"/usr/local/gpuhook/releases/{release}"
+    assert os.readlink(prefix / "bin") == f"releases/{release}/bin"
+    # The hook entry names its release's interpreter by its host path, and that wrapper runs it by its own loader.
+    assert (prefix / "bin/gpuhook-hook.py").read_text().startswith(f"#!{here}/bin/python3 -IS\n")
     wrapper = (prefix / "bin/python3").read_text()
-    assert "exec /usr/local/gpuhook/lib/ld/ld-linux-x86-64.so.2 --argv0 \"$0\" --library-path " in wrapper
-    assert (prefix / "lib/ld/ld-linux-x86-64.so.2").is_file()
-    assert (prefix / f"lib/python3.{sys.version_info[1]}/site-packages/gpuhook/__init__.py").is_file()
-    assert not list((prefix / "lib").glob("python3.*/site-packages/grpc"))  # the plugin's gRPC stays in the image
+    assert f"exec {here}/lib/ld/ld-linux-x86-64.so.2 --argv0 \"$0\" --library-path " in wrapper
+    assert (prefix / f"releases/{release}/lib/ld/ld-linux-x86-64.so.2").is_file()
+    site = prefix / f"releases/{release}/lib/python3.{sys.version_info[1]}/site-packages"
+    assert (site / "gpuhook/__init__.py").is_file()
+    assert not (site / "grpc").exists()  # the plugin's gRPC stays in the image
     # containerd >= 1.7 (or unknown): a drop-in with the main config's CRI table plus CDI, imported by the main one
     dropin = (host / "etc/containerd/conf.d/99-gpuhook.toml").read_text()
     assert 'sandbox_image = "registry.k8s.io/pause:3.9"' in dropin and "enable_cdi = true" in dropin
@@ -108,13 +112,45 @@ def test_install_and_uninstall_through_a_host_mount_leave_the_host_as_it_was(tmp
     assert os.readlink(host / "dev/char/195:0") == "/dev/somebody-elses"
     assert any("in the way" in line for line in report.lines)
     assert (prefix / "etc/config.toml").read_text().endswith('driver-root = "/"\n')
-    # A second install (a restarted pod) first undoes the first: one generation, the same journal of "before".
-    install(opts, source(), entry_script)
-    assert (host / "etc/containerd/config.toml").read_text().count("imports") == 1
+    # A second install of the same image (a restarted pod) changes nothing and restarts nothing.
+    installed = snapshot(host)
+    again = install(opts, source(), entry_script)
+    assert snapshot(host) == installed
+    assert again.lines[-1] == "containerd's configuration is already gpuhook's: not restarted", again.lines
     lines = uninstall(opts).lines
-    assert lines[0] == "removed /usr/local/gpuhook and put back 9 recorded path(s)"
+    assert lines[0] == "removed /usr/local/gpuhook and put back 8 recorded path(s)"
     assert snapshot(host) == before
     assert uninstall(opts).lines == ["nothing to undo: no node-setup journal at /usr/local/gpuhook/node-setup.json"]
+
+
+def test_an_upgrade_publishes_the_new_release_by_one_rename_and_keeps_the_one_before(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    host = stand_in_host(tmp_path)
+    before = snapshot(host)
+    opts = Options(str(host), "/usr/local/gpuhook", runtime="containerd", restart="none")
+    prefix = host / "usr/local/gpuhook"
+    first = install(opts, source(), entry_script)
+    assert any(line.startswith("wrote /etc/containerd/") for line in first.lines)
+    config = (host / "etc/containerd/config.toml").read_bytes()
+    renames: list[tuple[str, str]] = []
+    real_rename = os.rename
+    monkeypatch.setattr(os, "rename", lambda a, b: (renames.append((str(a), str(b))), real_rename(a, b))[1])
+    releases = []
+    for image in ("new-image", "newer-image"):
+        monkeypatch.setattr(payload, "release_id", lambda _source, image=image: image)
+        report = install(opts, source(), entry_script)
+        releases.append(os.readlink(prefix / "bin"))
+        assert report.lines[-1] == "containerd's configuration is already gpuhook's: not restarted"
+        assert f"/usr/local/gpuhook/bin now runs release {image}" in " ".join(report.lines)
+    assert releases == ["releases/new-image/bin", "releases/newer-image/bin"]
+    assert sorted(os.listdir(prefix / "releases")) == ["new-image", "newer-image"]  # the oldest is gone
+    # bin/ was replaced by renaming a finished link over it, never removed first
+    assert [b for _a, b in renames if b == str(prefix / "bin")] == [str(prefix / "bin")] * 2
+    assert (prefix / "releases/newer-image/bin/gpuhook-hook.py").read_text().startswith(
+        "#!/usr/local/gpuhook/releases/newer-image/bin/python3 -IS\n")
+    assert (host / "etc/containerd/config.toml").read_bytes() == config
+    uninstall(opts)
+    assert snapshot(host) == before
 
 
 def test_crio_gets_its_drop_in_and_loses_it_again(tmp_path: Path) -> None:
@@ -221,7 +257,8 @@ def dump(binary: str, config: Path) -> str:
     return result.stdout
 
 
-CONTAINERDS = {"1.6": "/usr/bin/containerd", "1.7": str(TRIXIE / "root/usr/bin/containerd")}
+CONTAINERDS = {"1.6": "/usr/bin/containerd", "1.7": str(TRIXIE / "root/usr/bin/containerd"),
+               "2.x": os.path.join(os.environ.get("GPUHOOK_CONTAINERD_BIN", "/nonexistent"), "containerd")}
 
 
 @pytest.mark.e2e
@@ -233,8 +270,8 @@ def test_node_setup_configures_and_restarts_a_containerd_then_puts_it_back(
     need_tool("nsenter")
     binary = CONTAINERDS[version]
     if not os.access(binary, os.X_OK):
-        if version == "1.7" and os.environ.get("GPUHOOK_REQUIRE_E2E") != "1":
-            pytest.skip(f"{binary} missing: run .ci/fetch-docker-cdi")
+        if version != "1.6" and os.environ.get("GPUHOOK_REQUIRE_E2E") != "1":
+            pytest.skip(f"{binary} missing: run .ci/fetch-docker-cdi and .ci/build-k8s")
         raise AssertionError(f"{binary} missing (.ci/run installs containerd and runs .ci/fetch-docker-cdi)")
     host = tmp_path / "host"  # the stand-in: containerd's config and state, the prefix and the links live here
     etc = host / "etc/containerd"
@@ -265,6 +302,11 @@ def test_node_setup_configures_and_restarts_a_containerd_then_puts_it_back(
         if version == "1.7":
             assert "enable_cdi = true" in running and "/etc/cdi" in running
             assert 'sandbox_image = "registry.k8s.io/pause:3.9"' in running  # the main config's CRI table kept
+        elif version == "2.x":  # merged key by key: the drop-in holds CDI's two settings and nothing else
+            assert "enable_cdi = true" in running and "'/var/run/cdi'" in running, running
+            assert "sandbox = 'registry.k8s.io/pause:3.9'" in running  # the main config's CRI setting, kept
+            dropin = (etc / "conf.d/99-gpuhook.toml").read_text()
+            assert "pause" not in dropin and "snapshotter" not in dropin, dropin
         else:
             base = etc / "gpuhook-base-spec.json"
             assert f'base_runtime_spec = "{base}"' in running
@@ -294,7 +336,7 @@ def test_node_setup_configures_and_restarts_a_containerd_then_puts_it_back(
                                   str(state / "containerd.sock"), "run", "--rm", "--config", str(tmp_path / "run.json"),
                                   unique_id("nodesetup")], capture_output=True, text=True, timeout=120,
                                  check=False)  # fmt: skip
-        else:  # containerd 1.7 gives GPUs through CDI, which only its CRI reads: the installed hook by runc
+        else:  # containerd >= 1.7 gives GPUs through CDI, which only its CRI reads: the installed hook by runc
             bundle = make_bundle(tmp_path / "bundle", rootfs, probe, env=["NVIDIA_VISIBLE_DEVICES=1"],
                                  hooks={"prestart": [hook]})
             ran = runc_run(bundle, unique_id("nodesetup"))

@@ -116,10 +116,16 @@ def uninstall_cmd(**kw: str) -> None:
 
 @node_setup.command("run")
 @_options
-@click.option("--keep/--no-keep", default=False, show_default=True,
-              help="Leave the install in place when the pod stops (an upgrade's new pod replaces it anyway).")
-def run_cmd(keep: bool, **kw: str) -> None:
-    """The DaemonSet's container: install, wait for SIGTERM (the pod's termination), then uninstall."""
+@click.option("--on-stop", type=click.Choice(("auto", "keep", "uninstall")), envvar="GPUHOOK_ON_STOP",
+              default="auto", show_default=True,
+              help="When the pod stops: auto takes the install off only when its DaemonSet is gone (asked of the "
+                   "API with the pod's service account; a rolling update or a restart keeps it for the next pod, "
+                   "and so does an API that cannot be asked); keep or uninstall always.")
+@click.option("--daemonset", envvar="GPUHOOK_DAEMONSET", default="gpuhook-node-setup", show_default=True,
+              help="This pod's DaemonSet, for --on-stop auto (in the service account's namespace).")
+def run_cmd(on_stop: str, daemonset: str, **kw: str) -> None:
+    """The DaemonSet's container: install (or refresh an earlier install in place), wait for SIGTERM (the pod's
+    termination), then take the install off if its DaemonSet is gone."""
     opts = _make(**kw, links=True)  # type: ignore[arg-type]
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
@@ -128,8 +134,18 @@ def run_cmd(keep: bool, **kw: str) -> None:
     sys.stdout.flush()
     while not stop:
         signal.pause()
-    if keep:
-        click.echo("stopping; the install stays (--keep)")
+    if on_stop == "auto":
+        from gpuhook.system import daemonset as owner
+
+        state, why = owner.state(daemonset)
+        click.echo(f"stopping: {why}")
+        if state != owner.GONE:
+            click.echo("the install stays for the next pod" if state == owner.PRESENT else
+                       "cannot tell whether the DaemonSet is gone: the install stays (`gpuhook node-setup "
+                       "uninstall` takes it off)")
+            return
+    elif on_stop == "keep":
+        click.echo("stopping; the install stays (--on-stop keep)")
         return
     for line in uninstall(opts).lines:
         click.echo(line)

@@ -187,6 +187,10 @@ def default_hook_path() -> str:
 @click.option("--feature-file", default=None,
               help="Keep an NFD feature file of GPU labels current, e.g. "
                    "/etc/kubernetes/node-feature-discovery/features.d/gpuhook [default: none].")
+@click.option("--daemonset", envvar="GPUHOOK_DAEMONSET", default=None, metavar="NAME",
+              help="This pod's DaemonSet (in its service account's namespace): when the plugin stops and that "
+                   "DaemonSet is gone, its CDI spec, feature file, /dev/char links and key are removed from the "
+                   "node [default: everything stays].")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True)
 @CACHE_OPTION
@@ -197,8 +201,8 @@ def device_plugin(driver_root: str | None, dev_root: str | None, driver_root_ctr
                   mig_strategy: str, fail_on_init_error: bool, pass_device_specs: bool, replicas: int,
                   cdi_spec_dir: str, hook_path: str | None, health_checks: str,
                   ignored_xids: str, recovery_window: float, health_interval: float, sys_root: str,
-                  dev_char_path: str | None, hook_state_dir: str, feature_file: str | None, log_level: str,
-                  inventory_cache: str | None, **nvidia_limited: Any) -> None:
+                  dev_char_path: str | None, hook_state_dir: str, feature_file: str | None, daemonset: str | None,
+                  log_level: str, inventory_cache: str | None, **nvidia_limited: Any) -> None:
     """Kubelet device plugin: advertise GPUs with health, answer Allocate with CDI device names."""
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -247,6 +251,7 @@ def device_plugin(driver_root: str | None, dev_root: str | None, driver_root_ctr
         fail_on_init_error=settings["fail_on_init_error"],
         dev_char_path=os.path.abspath(dev_char_path) if dev_char_path else None,
         hook_state_dir=os.path.abspath(hook_state_dir) if hook_state_dir else None,
+        daemonset=daemonset or None,
     )
     method = settings["discovery"]
     try:

@@ -74,7 +74,7 @@ class Journal:
             os.mkdir(self.real(path), mode)
 
     def tree(self, host_path: str) -> None:
-        """A directory that is wholly ours (the payload): removed with everything in it."""
+        """A directory (or a link) that is wholly ours (the payload): removed with everything in it."""
         self._add({"kind": "tree", "path": host_path})
 
     def write(self, host_path: str, data: bytes, mode: int | None = None) -> bool:
@@ -144,7 +144,9 @@ def _undo_dir(real: str, entry: dict) -> None:
 
 
 def _undo_tree(real: str, entry: dict) -> None:
-    if os.path.isdir(real) and not os.path.islink(real):
+    if os.path.islink(real):  # the prefix's bin/, a link to the current release
+        os.unlink(real)
+    elif os.path.isdir(real):
         shutil.rmtree(real)
 
 

@@ -2,19 +2,23 @@
 site-packages gpuhook runs from, and every shared library they load, with the image's dynamic loader), so the
 host needs no Python of its own and no host upgrade can strand the hook.
 
-Layout under the prefix P (all host paths):
-  P/libexec/pythonX.Y      the image's interpreter binary, never run directly
-  P/lib/ld/                the image's loader (ld-linux-*.so.*) and the libraries the payload links against
-  P/lib/pythonX.Y/         the standard library; site-packages/ inside it holds gpuhook and its dependencies
-  P/bin/python3            `exec P/lib/ld/<loader> --argv0 "$0" --library-path P/lib/ld P/libexec/pythonX.Y`:
+Each image's payload is a release of its own, P/releases/<id> (the id a digest of what it holds), and P/bin
+is a link to the current release's bin/, replaced by one rename: a hook that starts during an upgrade runs
+wholly the old release or wholly the new one, because every script names its own release's files. Layout
+under a release R (all host paths):
+  R/libexec/pythonX.Y      the image's interpreter binary, never run directly
+  R/lib/ld/                the image's loader (ld-linux-*.so.*) and the libraries the payload links against
+  R/lib/pythonX.Y/         the standard library; site-packages/ inside it holds gpuhook and its dependencies
+  R/bin/python3            `exec R/lib/ld/<loader> --argv0 "$0" --library-path R/lib/ld R/libexec/pythonX.Y`:
                            the loader runs the interpreter against the payload's libraries only (the host's
                            ld.so.cache is never consulted for them), and Python finds its prefix from argv0
-  P/bin/gpuhook            the command line, a `#!P/bin/python3 -IS` script
-  P/bin/gpuhook-hook(.py)  the hook entry, as `gpuhook hook install` writes it, for P/bin/python3
+  R/bin/gpuhook            the command line, a `#!R/bin/python3 -IS` script
+  R/bin/gpuhook-hook(.py)  the hook entry, as `gpuhook hook install` writes it, for R/bin/python3
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -57,6 +61,27 @@ class Source(Record):
                                                                                            "lib-dynload"),
                    site, os.path.dirname(os.path.abspath(gpuhook.__file__ or "")), native_entry,
                    f"{sys.version_info[0]}.{sys.version_info[1]}")
+
+
+def release_id(source: Source) -> str:
+    """What names this image's payload: a digest of gpuhook's files, the names of its dependencies' folders
+    (their versions) and the interpreter's version and size, so a restarted pod of the same image finds its
+    release already there and an upgrade gets a new one."""
+    digest = hashlib.sha256(f"{source.version}\0{os.path.getsize(source.interpreter)}\0".encode())
+    for folder, dirs, files in os.walk(source.package):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(files):
+            if name.endswith((".py", ".so", ".json", ".proto")) or name == "gpuhook-entry":
+                path = os.path.join(folder, name)
+                digest.update(os.path.relpath(path, source.package).encode() + b"\0")
+                with open(path, "rb") as f:
+                    digest.update(hashlib.sha256(f.read()).digest())
+    for folder in source.site:
+        digest.update("\0".join(sorted(n for n in os.listdir(folder) if n.endswith(".dist-info"))).encode())
+    if source.native_entry:
+        with open(source.native_entry, "rb") as f:
+            digest.update(hashlib.sha256(f.read()).digest())
+    return digest.hexdigest()[:16]
 
 
 class Layout(Record):

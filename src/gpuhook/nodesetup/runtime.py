@@ -2,10 +2,11 @@
 made to read it again.
 
 Changes (all through runtimeconfig, which already edits these files, and all recorded for the undo):
-- containerd >= 1.7: CDI on, in a drop-in `<config dir>/conf.d/99-gpuhook.toml` the main config imports.
-  containerd 1.x replaces a plugin's whole table with an imported file's table (it does not merge inside a
-  plugin), so the drop-in carries the main config's CRI table with CDI added, and the main config gains only
-  the `imports` entry.
+- containerd >= 1.7: CDI on, in a drop-in `<config dir>/conf.d/99-gpuhook.toml` the main config imports (the
+  main config gains only the `imports` entry). containerd 2.x merges an imported file into the main config key
+  by key, so the drop-in holds only CDI's two settings and later edits of the main config's CRI table keep
+  working. containerd 1.x replaces a plugin's whole table with an imported file's table (it does not merge
+  inside a plugin), so there the drop-in has to carry the main config's CRI table with CDI added.
 - containerd 1.6 (no CDI): the prestart hook in the default runtime's `base_runtime_spec`, as `runtime configure
   --mode hook` writes it, with the base spec made from the host's `ctr oci spec`.
 - CRI-O: its drop-in `/etc/crio/crio.conf.d/99-gpuhook.conf` (CDI directories).
@@ -119,7 +120,11 @@ def plan(runtime: str, daemon: Daemon | None, root: str, config: str, hook: str,
         result = runtimes.plan(runtimes.Options("containerd", "hook", config, hook_path=hook,
                                                 hook_config=hook_config, root=root, default_spec=spec))
         return Change("containerd", [_host(c, root) for c in result.changes], result.notes)
-    return Change("containerd", containerd_dropin(root, config), [])
+    whole = version is None or version < (2,)  # containerd 1.x (or unknown): it replaces the table
+    notes = ["containerd 1.x replaces a plugin's whole table with an imported one, so the drop-in carries a copy "
+             "of the main config's CRI table: after editing that table, restart node-setup's pod to copy it "
+             "again"] if whole else []
+    return Change("containerd", containerd_dropin(root, config, whole), notes)
 
 
 def _host(change: FileChange, root: str) -> FileChange:
@@ -127,8 +132,9 @@ def _host(change: FileChange, root: str) -> FileChange:
     return FileChange(host_path(root, change.path), change.old, change.new)
 
 
-def containerd_dropin(root: str, config: str) -> list[FileChange]:
-    """The drop-in (the main config's CRI table, CDI on) and the main config's `imports` entry for it."""
+def containerd_dropin(root: str, config: str, whole: bool = True) -> list[FileChange]:
+    """The drop-in (CDI on; with `whole`, over a copy of the main config's CRI table) and the main config's
+    `imports` entry for it."""
     real = runtimes.under(root, config)
     old = runtimes.read_text(real)
     doc = runtimes.parse_toml(config, old or "")
@@ -137,7 +143,7 @@ def containerd_dropin(root: str, config: str) -> list[FileChange]:
     cri_keys = runtimes.CONTAINERD_CRI[version]
     seed = tomlkit.document()
     seed["version"] = version
-    cri = runtimes.lookup(doc.unwrap(), cri_keys)
+    cri = runtimes.lookup(doc.unwrap(), cri_keys) if whole else None
     if cri is not None:
         table = tomlkit.table(is_super_table=True)
         table[cri_keys[1]] = cri

@@ -2,12 +2,14 @@
 
 Everything written is recorded first in the journal (`<prefix>/node-setup.json`), which is the only thing the
 uninstall trusts: it puts back each file it changed (bytes, mode, owner, times), removes what it created, and
-restarts the runtime again. An install over an earlier one (a restarted pod) undoes that one first, so the
-node never holds two generations and the journal always describes the state before gpuhook."""
+restarts the runtime again. An install over an earlier one (a restarted pod, a rolling update) refreshes it in
+place: the journal keeps describing the state before gpuhook, and the runtime is restarted only when its
+configuration changes."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from collections.abc import Callable, Sequence
 
@@ -20,6 +22,7 @@ from gpuhook.runtimeconfig.runtimes import under
 
 DEFAULT_PREFIX = "/usr/local/gpuhook"
 JOURNAL = "node-setup.json"
+RELEASES = "releases"
 RUNTIMES = ("auto", "containerd", "crio")
 
 
@@ -73,12 +76,18 @@ def find_runtime(opts: Options) -> tuple[str, str, runtime.Daemon | None]:
 
 
 def install(opts: Options, source: payload.Source, entry_script: Callable[[str, Sequence[str]], str]) -> Report:
-    """The whole node set-up; on any failure what was done so far is undone."""
+    """The whole node set-up; on any failure what was done so far is undone. Over an earlier install (a
+    restarted pod, a rolling update) it refreshes that one in place: see `refresh`."""
     check_options(opts)
     start = time.monotonic()
-    report = Report()
     if os.path.lexists(real(opts, journal_path(opts))):
-        report.lines += ["an earlier install is there: undoing it first", *uninstall(opts).lines]
+        if os.path.isdir(real(opts, os.path.join(opts.prefix, RELEASES))):
+            report = refresh(opts, source, entry_script)
+            report.seconds = time.monotonic() - start
+            return report
+        report = Report(["an earlier install of another layout is there: undoing it first", *uninstall(opts).lines])
+    else:
+        report = Report()
     if _occupied(real(opts, opts.prefix)):
         raise GpuhookError(f"{opts.prefix} exists on the host and is not node-setup's (no journal in it): "
                            "pass another --prefix or remove it")
@@ -88,22 +97,17 @@ def install(opts: Options, source: payload.Source, entry_script: Callable[[str, 
     try:
         journal.makedirs(opts.prefix)
         journal.save()
-        for part in ("libexec", "lib", "bin", "etc"):
+        for part in (RELEASES, "bin", "etc"):
             journal.tree(layout.path(part))
-        report.sizes = payload.build(source, layout, real(opts, opts.prefix), entry_script)
+        os.makedirs(real(opts, layout.path(RELEASES)))
+        report.sizes = _unpack(opts, source, entry_script, report)
         os.makedirs(real(opts, layout.path("etc")))
         write_atomic(real(opts, layout.hook_config()), hook_config(opts).encode(), 0o644)
-        report.lines.append(f"installed gpuhook under {opts.prefix} ({report.sizes['total'] >> 20} MiB, "
-                            f"Python {source.version} with its own loader and libraries)")
-        change = runtime.plan(name, daemon, opts.host_root, config, layout.hook(), layout.hook_config())
-        for file in change.files:
-            if file.changed:
-                journal.write(file.path, file.new.encode())
-                report.lines.append(f"wrote {file.path}")
-        report.lines += [f"note: {n}" for n in change.notes]
+        changed = _configure(opts, journal, name, config, daemon, report)
         report.lines += _links(opts, journal)
-        report.lines.append(runtime.restart(opts.restart, name, opts.unit or name, daemon, real(opts, config),
-                                            config))
+        if changed:
+            report.lines.append(runtime.restart(opts.restart, name, opts.unit or name, daemon, real(opts, config),
+                                                config))
     except BaseException:
         if os.path.lexists(journal.path):
             os.unlink(journal.path)
@@ -112,6 +116,92 @@ def install(opts: Options, source: payload.Source, entry_script: Callable[[str, 
         raise
     report.seconds = time.monotonic() - start
     return report
+
+
+def refresh(opts: Options, source: payload.Source, entry_script: Callable[[str, Sequence[str]], str]) -> Report:
+    """An install over an earlier one: this image's release unpacked beside the running one (when it is not
+    there yet) and published by one rename, the hook's config and the runtime's configuration rewritten only
+    where they differ, and the runtime restarted only when its configuration changed. A restarted pod of the
+    same image changes nothing; an upgrade never leaves a moment without a working hook."""
+    journal = Journal.load(real(opts, journal_path(opts)), opts.host_root)
+    assert journal is not None
+    report = Report()
+    name, config, daemon = find_runtime(opts)
+    report.sizes = _unpack(opts, source, entry_script, report)
+    hook_conf = real(opts, payload.Layout(opts.prefix).hook_config())
+    if _read(hook_conf) != hook_config(opts).encode():
+        write_atomic(hook_conf, hook_config(opts).encode(), 0o644)
+        report.lines.append(f"rewrote {payload.Layout(opts.prefix).hook_config()}")
+    changed = _configure(opts, journal, name, config, daemon, report)
+    report.lines += _links(opts, journal)
+    if changed:
+        report.lines.append(runtime.restart(opts.restart, name, opts.unit or name, daemon, real(opts, config),
+                                            config))
+    else:
+        report.lines.append(f"{name}'s configuration is already gpuhook's: not restarted")
+    return report
+
+
+def _unpack(opts: Options, source: payload.Source, entry_script: Callable[[str, Sequence[str]], str],
+            report: Report) -> dict[str, int]:
+    """This image's release under the prefix (built in a temporary folder, renamed into place), P/bin pointed
+    at it by one rename, and every release but it and the one it replaced removed."""
+    release = payload.release_id(source)
+    releases = os.path.join(opts.prefix, RELEASES)
+    layout = payload.Layout(os.path.join(releases, release))
+    where = real(opts, layout.prefix)
+    sizes: dict[str, int] = {}
+    if not os.path.isdir(where):
+        building = real(opts, os.path.join(releases, f".{release}.{os.getpid()}"))
+        shutil.rmtree(building, ignore_errors=True)
+        os.makedirs(building)
+        try:
+            sizes = payload.build(source, layout, building, entry_script)
+            os.rename(building, where)
+        except BaseException:
+            shutil.rmtree(building, ignore_errors=True)
+            raise
+        report.lines.append(f"installed gpuhook under {opts.prefix} as release {release} "
+                            f"({sizes['total'] >> 20} MiB, Python {source.version} with its own loader and libraries)")
+    link = real(opts, os.path.join(opts.prefix, "bin"))
+    target = os.path.join(RELEASES, release, "bin")
+    previous = os.readlink(link) if os.path.islink(link) else None
+    if previous != target:
+        fresh = f"{link}.{os.getpid()}"
+        if os.path.lexists(fresh):
+            os.unlink(fresh)
+        os.symlink(target, fresh)
+        os.rename(fresh, link)  # one rename: every start sees the old bin or the new one
+        if previous:
+            report.lines.append(f"{opts.prefix}/bin now runs release {release} (was {previous.split('/')[1]})")
+    keep = {release, previous.split("/")[1] if previous else release}
+    for entry in os.listdir(real(opts, releases)):
+        if entry not in keep:  # a release two upgrades old: no start can still be running it
+            shutil.rmtree(os.path.join(real(opts, releases), entry), ignore_errors=True)
+    return sizes
+
+
+def _configure(opts: Options, journal: Journal, name: str, config: str, daemon: runtime.Daemon | None,
+               report: Report) -> bool:
+    """The runtime's configuration files written where they differ from gpuhook's; whether any did."""
+    layout = payload.Layout(opts.prefix)
+    change = runtime.plan(name, daemon, opts.host_root, config, layout.hook(), layout.hook_config())
+    changed = False
+    for file in change.files:
+        if file.changed:
+            journal.write(file.path, file.new.encode())
+            report.lines.append(f"wrote {file.path}")
+            changed = True
+    report.lines += [f"note: {n}" for n in change.notes]
+    return changed
+
+
+def _read(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read(1 << 16)
+    except OSError:
+        return None
 
 
 def _occupied(path: str) -> bool:

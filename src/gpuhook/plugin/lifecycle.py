@@ -56,6 +56,7 @@ class PluginConfig(Record):
     fail_on_init_error: bool = True  # False: no usable GPU leaves the plugin running, serving nothing
     dev_char_path: str | None = None  # /dev/char links for every NVIDIA node (system/devchar.py); None: none
     hook_state_dir: str | None = STATE_DIR  # the hooks' state-dir, watched for a runtime ignoring CDI; None: not
+    daemonset: str | None = None  # this pod's DaemonSet: gone at exit, the node's files go too (plugin/removal.py)
 
 
 class Served(Record, frozen=False):
@@ -282,3 +283,6 @@ def serve_forever(config: PluginConfig, load_inventory: Callable[[], Inventory])
         raise
     log.info("device plugin ready in %.0f ms", (time.monotonic() - started) * 1000)
     plugin.run()
+    from gpuhook.plugin.removal import on_stop
+
+    on_stop(config, plugin.inventory)
