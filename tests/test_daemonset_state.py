@@ -1,11 +1,12 @@
-"""system/daemonset.state against a real kube-apiserver (tests/support/k8s.py's control plane, Kubernetes built
-by .ci/build-k8s): what node-setup asks when its pod stops, with exactly the RBAC the chart gives it. A
+"""system/daemonset.state and Watch against a real kube-apiserver (tests/support/k8s.py's control plane,
+Kubernetes built by .ci/build-k8s): what node-setup asks when its pod stops, with exactly the RBAC the chart gives it. A
 DaemonSet that is there is PRESENT; deleted, GONE; deleted with a finalizer holding it, GONE (being deleted);
 a token without the Role, or no API at all, UNKNOWN with the reason (node-setup then keeps its install)."""
 
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +83,20 @@ def test_present_gone_being_deleted_and_unknown() -> None:
             # the Role names one DaemonSet: another's state is not ours to read
             verdict, why = daemonset.state("kube-proxy", account=str(account), server=server)
             assert verdict == daemonset.UNKNOWN and "HTTP 403" in why
+            # an uninstall: the DaemonSet deleted, then at once the account's RoleBinding and the account itself,
+            # before the pods are told to stop; a watch begun earlier has seen the deletion
+            plane.ok("POST", DS, _daemonset())
+            follower = daemonset.Watch("gpuhook-node-setup", account=str(account), server=server)
+            time.sleep(1)  # the watch is open
+            assert follower.state()[0] == daemonset.PRESENT
+            plane.ok("DELETE", f"{DS}/gpuhook-node-setup")
+            plane.ok("DELETE", f"{PATHS['RoleBinding']}/gpuhook-node-setup")
+            plane.ok("DELETE", f"{PATHS['ServiceAccount']}/gpuhook-node-setup")
+            assert daemonset.state("gpuhook-node-setup", account=str(account), server=server)[0] == daemonset.UNKNOWN
+            deadline = time.monotonic() + 10
+            while follower.gone is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert follower.state() == (daemonset.GONE, "DaemonSet gpuhook/gpuhook-node-setup was deleted")
         # no API server any more
         verdict, why = daemonset.state("gpuhook-node-setup", account=str(account), server=server, timeout=2)
         assert verdict == daemonset.UNKNOWN and why.startswith("GET ")

@@ -132,7 +132,8 @@ def test_api_access_is_each_components_read_of_its_own_daemonset_and_options_mat
     assert sorted(rbac) == sorted((kind, n) for kind in ("Role", "RoleBinding", "ServiceAccount") for n in names)
     for name in names:
         assert rbac["Role", name]["rules"] == [
-            {"apiGroups": ["apps"], "resources": ["daemonsets"], "resourceNames": [name], "verbs": ["get"]}]
+            {"apiGroups": ["apps"], "resources": ["daemonsets"], "resourceNames": [name],
+             "verbs": ["get", "list", "watch"]}]
         assert rbac["RoleBinding", name]["subjects"] == [
             {"kind": "ServiceAccount", "name": name, "namespace": "gpuhook"}]
         (ds,) = [o for o in objects if (o["kind"], o["metadata"]["name"]) == ("DaemonSet", name)]

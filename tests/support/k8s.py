@@ -173,12 +173,15 @@ def control_plane(root: Path, bin_dir: Path, etcd: Path, node: str | list[str], 
                 {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, root, "scheduler.log"))
         if controller_manager:
             cm_config = kubeconfig(root / "controller-manager.kubeconfig", server, "controller-manager-token-e2e")
+            # the self-signed serving certificate's file holds the certificate, then the CA that signed it
+            blocks = (root / "apiserver-certs" / "apiserver.crt").read_text().split("-----END CERTIFICATE-----")
+            (root / "ca.crt").write_text(blocks[-2].strip() + "\n-----END CERTIFICATE-----\n")
             stack.enter_context(daemon_process(
                 [str(bin_dir / "kube-controller-manager"), f"--kubeconfig={cm_config}",
                  f"--authentication-kubeconfig={cm_config}", f"--authorization-kubeconfig={cm_config}",
                  f"--service-account-private-key-file={sa_key}",
-                 f"--root-ca-file={root / 'apiserver-certs' / 'apiserver.crt'}",
-                 "--controllers=*,-csrsigning,-csrapproving,-csrcleaner,-nodeipam,-cloud-node-lifecycle",
+                 f"--root-ca-file={root / 'ca.crt'}",
+                 "--controllers=*,-csrsigning,-csrapproving,-csrcleaner,-nodeipam",
                  "--leader-elect=false", "--secure-port=0", "--node-monitor-grace-period=20s", "--v=1"],
                 {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, root, "controller-manager.log"))
         yield plane

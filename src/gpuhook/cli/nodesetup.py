@@ -62,7 +62,7 @@ def _make(host_root: str, prefix: str, driver_root: str, runtime_name: str, runt
           restart: str, unit: str | None, dev_root: str, proc_root: str, dev_char_path: str,
           links: bool = False) -> Options:
     opts = Options(os.path.abspath(host_root), prefix, driver_root, runtime_name, runtime_config, restart, unit,
-                   dev_char_path)
+                   dev_char_path, proc_root=proc_root)
     check_options(opts)
     return replace(opts, links=_links(opts, dev_root, proc_root)) if links else opts
 
@@ -130,14 +130,15 @@ def run_cmd(on_stop: str, daemonset: str, **kw: str) -> None:
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
     signal.signal(signal.SIGINT, lambda *_: stop.append(True))
+    from gpuhook.system import daemonset as owner
+
+    watch = owner.Watch(daemonset) if on_stop == "auto" else None
     _install(opts)
     sys.stdout.flush()
     while not stop:
         signal.pause()
-    if on_stop == "auto":
-        from gpuhook.system import daemonset as owner
-
-        state, why = owner.state(daemonset)
+    if watch is not None:
+        state, why = watch.state()
         click.echo(f"stopping: {why}")
         if state != owner.GONE:
             click.echo("the install stays for the next pod" if state == owner.PRESENT else

@@ -118,7 +118,8 @@ def default_hook_path() -> str:
                    "host paths are rebased from it to --driver-root.")
 @click.option("--host-driver-root", "old_host_root", hidden=True, default=None, expose_value=False,
               callback=_old_host_root)
-@click.option("--proc-root", default=None, help="procfs to read /driver/nvidia from [default: /proc].")
+@click.option("--proc-root", envvar="GPUHOOK_PROC_ROOT", default=None,
+              help="procfs to read /driver/nvidia from [default: /proc].")
 @click.option("--discovery", "--device-discovery-strategy", "discovery", envvar="DEVICE_DISCOVERY_STRATEGY",
               show_envvar=True, default="auto", show_default=True, callback=_discovery,
               help="Where GPUs come from: auto, nvml or procfs (NVIDIA's tegra is not supported).")

@@ -36,6 +36,7 @@ class Options(Record):
     unit: str | None = None  # systemd unit [default: the runtime's name]
     dev_char: str = "/dev/char"
     links: Sequence[tuple[str, str]] = ()  # (link, target) in host paths, /dev/char for the NVIDIA nodes
+    proc_root: str = "/proc"  # host path of the procfs with driver/nvidia (a simulated driver's own)
 
 
 class Report(Record, frozen=False):
@@ -214,8 +215,9 @@ def _occupied(path: str) -> bool:
 
 def hook_config(opts: Options) -> str:
     """The hook's config file under the prefix (the base spec's hook names it with --config)."""
+    proc = f'proc-root = "{opts.proc_root}"\n' if opts.proc_root != "/proc" else ""
     return ("# written by gpuhook node-setup\n"
-            f'driver-root = "{opts.driver_root}"\n')
+            f'driver-root = "{opts.driver_root}"\n' + proc)
 
 
 def _links(opts: Options, journal: Journal) -> list[str]:

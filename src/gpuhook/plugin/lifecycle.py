@@ -273,6 +273,9 @@ class Plugin:
 
 def serve_forever(config: PluginConfig, load_inventory: Callable[[], Inventory]) -> None:
     """The `gpuhook device-plugin` body: start, then watch until SIGTERM/SIGINT."""
+    from gpuhook.plugin.removal import on_stop, watch
+
+    follower = watch(config)  # from the start: an uninstall deletes the DaemonSet, then the plugin's account
     plugin = Plugin(config, load_inventory)
     plugin.install_signal_handlers()
     started = time.monotonic()
@@ -283,6 +286,4 @@ def serve_forever(config: PluginConfig, load_inventory: Callable[[], Inventory])
         raise
     log.info("device plugin ready in %.0f ms", (time.monotonic() - started) * 1000)
     plugin.run()
-    from gpuhook.plugin.removal import on_stop
-
-    on_stop(config, plugin.inventory)
+    on_stop(config, plugin.inventory, follower)

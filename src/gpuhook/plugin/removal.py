@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gpuhook.model.inventory import Inventory
 
@@ -41,13 +41,22 @@ def node_files(config: PluginConfig, inv: Inventory | None) -> list[str]:
     return [p for p in paths if os.path.lexists(p)]
 
 
-def on_stop(config: PluginConfig, inv: Inventory | None) -> None:
+def watch(config: PluginConfig) -> Any:
+    """From the plugin's start: a watch on its DaemonSet (system/daemonset.Watch), when one is configured."""
+    if not config.daemonset:
+        return None
+    from gpuhook.system import daemonset
+
+    return daemonset.Watch(config.daemonset)
+
+
+def on_stop(config: PluginConfig, inv: Inventory | None, follower: Any = None) -> None:
     """At the plugin's exit: with `daemonset` configured and that DaemonSet gone, remove `node_files`."""
     if not config.daemonset:
         return
     from gpuhook.system import daemonset
 
-    state, why = daemonset.state(config.daemonset)
+    state, why = follower.state() if follower is not None else daemonset.state(config.daemonset)
     if state != daemonset.GONE:
         log.info("stopping: %s; the node's CDI spec, labels and links stay for the next pod", why)
         return

@@ -109,9 +109,17 @@ static struct dev g_mig_handles[FAKE_MAX_GPUS * FAKE_MAX_MIG_PER_GPU];
 
 /* ---- helpers ------------------------------------------------------------ */
 
+/* The driver root: where it was built, or GPUHOOK_FAKE_DRIVER_ROOT, where a container mounts it (a device
+ * plugin's pod sees the node's driver root at /driver-root, not at the path the library was built for). */
+static const char *root_dir(void)
+{
+    const char *moved = getenv("GPUHOOK_FAKE_DRIVER_ROOT");
+    return moved != NULL && moved[0] == '/' ? moved : fake_root;
+}
+
 static void control_path(char *out, size_t n, const char *name)
 {
-    snprintf(out, n, "%s/run/fake-nvml/%s", fake_root, name);
+    snprintf(out, n, "%s/run/fake-nvml/%s", root_dir(), name);
 }
 
 static int control_exists(const char *name)
@@ -132,7 +140,7 @@ static int is_node(const char *path, unsigned maj, unsigned min)
 static void dev_path(char *out, size_t n, const char *name)
 {
     if (g_host_mode)
-        snprintf(out, n, "%s/dev/%s", fake_root, name);
+        snprintf(out, n, "%s/dev/%s", root_dir(), name);
     else
         snprintf(out, n, "/dev/%s", name);
 }
@@ -224,7 +232,7 @@ static nvmlReturn_t check_module_version(void)
 {
     char p[PATH_MAX], line[512];
     FILE *f;
-    snprintf(p, sizeof p, "%s/proc/driver/nvidia/version", fake_root);
+    snprintf(p, sizeof p, "%s/proc/driver/nvidia/version", root_dir());
     f = fopen(p, "re");
     if (f == NULL)
         return NVML_ERROR_DRIVER_NOT_LOADED;
@@ -243,7 +251,7 @@ static nvmlReturn_t check_module_version(void)
 static nvmlReturn_t attach(void)
 {
     char p[PATH_MAX];
-    snprintf(p, sizeof p, "%s/dev/nvidiactl", fake_root);
+    snprintf(p, sizeof p, "%s/dev/nvidiactl", root_dir());
     g_host_mode = is_node(p, NVIDIA_MAJOR, CTL_MINOR);
     if (g_host_mode) {
         nvmlReturn_t r = check_module_version();
