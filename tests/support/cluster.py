@@ -26,11 +26,10 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 from .clusternet import SERVICE_IP, Forwarder, in_netns, wire_node
 from .daemon import daemon_process, wait_ready
-from .k8s import ControlPlane, free_port, kubeconfig, node_token
+from .k8s import ControlPlane, free_port, kubeconfig, node_token, wait_for
 from .k8snode import BUSYBOX_IMAGE, PAUSE_IMAGE, oci_archive, remove_cgroups
 
 DRIVER_AT = "/var/lib/gpuhook-driver"  # where each node sees its simulated driver
@@ -246,17 +245,6 @@ def stop_containers(node: ClusterNode) -> None:
     for container in containers:
         node.ctr("containers", "rm", container)
     remove_cgroups(containers)
-
-
-def wait_for(what: str, check: Any, timeout: float = 60, interval: float = 0.25) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
 
 
 def base_images(folder: Path) -> list[Path]:

@@ -64,6 +64,18 @@ def kubeconfig(path: Path, server: str, token: str) -> Path:
     return path
 
 
+def wait_for(what: str, check: Any, timeout: float = 60, interval: float = 0.25) -> Any:
+    """`check()`'s first true value, polled; AssertionError naming `what` and the last value after `timeout`."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
 def node_token(name: str) -> str:
     return f"node-token-{name}"
 
@@ -106,14 +118,7 @@ class ControlPlane:
         return out
 
     def wait(self, what: str, predicate: Any, timeout: float = 60, interval: float = 0.25) -> Any:
-        deadline = time.monotonic() + timeout
-        last: Any = None
-        while time.monotonic() < deadline:
-            last = predicate()
-            if last:
-                return last
-            time.sleep(interval)
-        raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+        return wait_for(what, predicate, timeout, interval)
 
     def service_account_token(self, namespace: str, name: str) -> str:
         out = self.ok("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",
