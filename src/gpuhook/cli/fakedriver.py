@@ -128,7 +128,10 @@ def create(
     compat32: bool | None, nvlink: str, imex_channels: tuple[int, ...], nvswitches: int, gds: bool, hcas: int,
     gdrcopy: bool,
 ) -> None:
-    """Build a fake driver root in DIRECTORY (absent or empty)."""
+    """Build a fake driver root in DIRECTORY (absent or empty).
+
+    Its NVML library looks for the root where it was built; mounted elsewhere (a device plugin's pod sees it at
+    /driver-root), set GPUHOOK_FAKE_DRIVER_ROOT to that path in the process that loads it."""
     for gpu in mig:
         if gpu >= gpus:
             raise click.BadParameter(f"GPU {gpu} does not exist (--gpus {gpus})", param_hint="--mig")
