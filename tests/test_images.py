@@ -61,7 +61,8 @@ def test_node_setup_from_its_image_installs_a_hook_that_runs_on_the_host(fake_dr
                               "import sys, os; print(sys.version.split()[0], sys.executable, sys.prefix)"],
                              capture_output=True, text=True, check=False)  # fmt: skip
     assert version.returncode == 0, version.stderr
-    assert version.stdout.split()[1:] == [str(prefix / "bin/python3"), str(prefix)]
+    release = prefix / os.path.dirname(os.readlink(prefix / "bin"))  # P/bin -> releases/<id>/bin
+    assert version.stdout.split()[1:] == [str(release / "bin/python3"), str(release)]
     assert subprocess.run([str(prefix / "bin/gpuhook"), "--version"], capture_output=True, text=True,
                           check=False).stdout.startswith("gpuhook, version ")  # fmt: skip
     (prefix / "etc/config.toml").write_text(f'driver-root = "{fake_driver.root}"\n'

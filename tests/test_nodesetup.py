@@ -96,7 +96,7 @@ def test_install_and_uninstall_through_a_host_mount_leave_the_host_as_it_was(tmp
     # The hook entry names its release's interpreter by its host path, and that wrapper runs it by its own loader.
     assert (prefix / "bin/gpuhook-hook.py").read_text().startswith(f"#!{here}/bin/python3 -IS\n")
     wrapper = (prefix / "bin/python3").read_text()
-    assert f"exec {here}/lib/ld/ld-linux-x86-64.so.2 --argv0 \"$0\" --library-path " in wrapper
+    assert f"exec {here}/lib/ld/ld-linux-x86-64.so.2 --argv0 {here}/bin/python3 --library-path " in wrapper
     assert (prefix / f"releases/{release}/lib/ld/ld-linux-x86-64.so.2").is_file()
     site = prefix / f"releases/{release}/lib/python3.{sys.version_info[1]}/site-packages"
     assert (site / "gpuhook/__init__.py").is_file()

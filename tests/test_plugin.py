@@ -647,7 +647,7 @@ def test_deployment_manifests_parse() -> None:
     pod = ds["spec"]["template"]["spec"]
     paths = {v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
     assert {"/var/lib/kubelet/device-plugins", "/var/run/cdi", "/dev", "/"} <= paths
-    assert pod["automountServiceAccountToken"] is False
+    assert pod["serviceAccountName"] == "gpuhook-device-plugin"  # it may read its own DaemonSet, nothing else
     args = pod["containers"][0]["args"]
     assert args[0] == "device-plugin"
     from click.testing import CliRunner

@@ -9,9 +9,10 @@ under a release R (all host paths):
   R/libexec/pythonX.Y      the image's interpreter binary, never run directly
   R/lib/ld/                the image's loader (ld-linux-*.so.*) and the libraries the payload links against
   R/lib/pythonX.Y/         the standard library; site-packages/ inside it holds gpuhook and its dependencies
-  R/bin/python3            `exec R/lib/ld/<loader> --argv0 "$0" --library-path R/lib/ld R/libexec/pythonX.Y`:
+  R/bin/python3            `exec R/lib/ld/<loader> --argv0 R/bin/python3 --library-path R/lib/ld R/libexec/pythonX.Y`:
                            the loader runs the interpreter against the payload's libraries only (the host's
-                           ld.so.cache is never consulted for them), and Python finds its prefix from argv0
+                           ld.so.cache is never consulted for them), and Python finds its prefix R from argv0
+                           (its release's own path, also when run as P/bin/python3 through the link)
   R/bin/gpuhook            the command line, a `#!R/bin/python3 -IS` script
   R/bin/gpuhook-hook(.py)  the hook entry, as `gpuhook hook install` writes it, for R/bin/python3
 """
@@ -168,7 +169,7 @@ def wrapper(layout: Layout, loader_name: str, version: str) -> str:
     ld = layout.path("lib", "ld")
     return ("#!/bin/sh\n"
             "# gpuhook's own Python, run by its own loader against its own libraries (node-setup, docs/deploy.md)\n"
-            f'exec {ld}/{loader_name} --argv0 "$0" --library-path {ld} '
+            f'exec {ld}/{loader_name} --argv0 {layout.python()} --library-path {ld} '
             f'{layout.path("libexec", "python" + version)} "$@"\n')
 
 
