@@ -23,14 +23,13 @@ import json
 import os
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from .clusternet import SERVICE_IP, Forwarder, in_netns, wire_node
+from .clusternet import Forwarder, wire_node
 from .daemon import daemon_process, wait_ready
 from .k8s import ControlPlane, free_port, kubeconfig, node_token, wait_for
-from .k8snode import BUSYBOX_IMAGE, PAUSE_IMAGE, oci_archive, remove_cgroups
+from .k8snode import BUSYBOX_IMAGE, PAUSE_IMAGE, oci_archive, stop_tasks
 
 DRIVER_AT = "/var/lib/gpuhook-driver"  # where each node sees its simulated driver
 NODE_ETC = "/var/lib/gpuhook-node"  # the node's containerd config and CNI config (tmpfs)
@@ -168,7 +167,7 @@ def cluster_node(root: Path, plane: ControlPlane, name: str, index: int, fabric_
             [*_nsenter(holder.pid), "sh", "-c", SUPERVISOR, str(binary), CONTAINERD_CONFIG], {"PATH": path}, root,
             "containerd.log"))
         wait_for(f"{name}'s containerd", lambda: node.ctr("version", timeout=10).returncode == 0, 60)
-        stack.callback(stop_containers, node)
+        stack.callback(stop_tasks, [str(node._ctr), "--address", str(node.path(SOCKET)), "-n", "k8s.io"])
         for archive in images:
             out = node.ctr("images", "import", str(archive), timeout=300)
             assert out.returncode == 0, f"ctr images import {archive.name} on {name}: {out.stderr}"
@@ -230,23 +229,6 @@ def _ready(plane: ControlPlane, name: str) -> bool:
     return conditions.get("Ready") == "True"
 
 
-def stop_containers(node: ClusterNode) -> None:
-    """Every CRI pod's containers killed and deleted (their shims exit), then the containers and cgroups."""
-    ids = node.ctr("tasks", "ls", "-q").stdout.split()
-    for task in ids:
-        node.ctr("tasks", "kill", "-a", "-s", "SIGKILL", task)
-    for task in ids:
-        deadline = time.monotonic() + 10
-        while node.ctr("tasks", "delete", task).returncode != 0 and time.monotonic() < deadline:
-            if task not in node.ctr("tasks", "ls", "-q").stdout.split():
-                break
-            time.sleep(0.1)
-    containers = node.ctr("containers", "ls", "-q").stdout.split()
-    for container in containers:
-        node.ctr("containers", "rm", container)
-    remove_cgroups(containers)
-
-
 def base_images(folder: Path) -> list[Path]:
     """The pause and workload images, made from busybox-static (tests/support/k8snode.py)."""
     busybox = shutil.which("busybox") or "/bin/busybox"
@@ -254,5 +236,3 @@ def base_images(folder: Path) -> list[Path]:
                         ["/bin/sh", "-c", "trap 'exit 0' TERM INT; while :; do sleep 1; done"]),
             oci_archive(folder / "busybox.tar", BUSYBOX_IMAGE, busybox, ["/bin/sh"])]
 
-
-__all__ = ["SERVICE_IP", "ClusterNode", "base_images", "cluster_node", "in_netns", "tools", "wait_for"]
