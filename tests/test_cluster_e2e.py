@@ -36,7 +36,7 @@ from support.clusternet import fabric
 from support.e2e import need
 from support.k8s import ControlPlane, binaries, control_plane
 from support.k8snode import BUSYBOX_IMAGE
-from support.kubelet import short_tempdir
+from support.processes import short_tempdir
 
 pytestmark = pytest.mark.e2e
 

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from support.e2e import need
 from support.k8s import binaries, control_plane
-from support.kubelet import short_tempdir
+from support.processes import short_tempdir
 
 from gpuhook.system import daemonset
 

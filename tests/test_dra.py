@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from support.apireplay import ApiReplay, recorded
 from support.drakubelet import DraKubelet
-from support.kubelet import short_tempdir
+from support.processes import short_tempdir
 
 from gpuhook.cdi.validate import validate_spec
 from gpuhook.discover import Roots, discover

@@ -20,7 +20,7 @@ from support.cri import cri_modules, host_sandbox, run_container
 from support.drakubelet import DraKubelet
 from support.e2e import need, need_root
 from support.k8snode import containerd17, cri_containerd
-from support.kubelet import short_tempdir
+from support.processes import short_tempdir
 
 from gpuhook.discover import Roots, discover
 from gpuhook.dra.driver import Driver, DriverConfig

@@ -27,7 +27,7 @@ from support.drakubelet import DraKubelet
 from support.e2e import need
 from support.k8s import binaries, control_plane, kubeconfig
 from support.k8snode import BUSYBOX_IMAGE, containerd17, kubelet_node, untaint
-from support.kubelet import short_tempdir
+from support.processes import short_tempdir
 
 pytestmark = pytest.mark.e2e
 

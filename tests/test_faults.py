@@ -20,7 +20,8 @@ import grpc
 import psutil
 import pytest
 from support import hostile
-from support.kubelet import PluginProcess, TestKubelet, health, short_tempdir
+from support.kubelet import PluginProcess, TestKubelet, health
+from support.processes import short_tempdir
 from support.runc import busybox_rootfs, make_bundle, runc_run, unique_id
 
 from gpuhook.fakedriver import FakeDriver

@@ -85,7 +85,7 @@ def test_every_rendered_object_matches_the_api_schema(tmp_path: Path, values: di
 def test_nvidia_value_names_are_the_charts_top_level_values() -> None:
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert set(NVIDIA_NAMES) <= set(values)
-    assert set(values["config"]) == {"map", "default", "name"}
+    assert set(values["config"]) == {"map", "default", "fallbackStrategies", "name"}
     assert set(values["image"]) == {"repository", "tag", "pullPolicy"}
 
 
@@ -140,18 +140,30 @@ def test_each_value_reaches_every_field_that_carries_it(tmp_path: Path) -> None:
             if k[0] in ("DaemonSet", "ConfigMap") and k[1] != "gpuhook-dra"} == {"gpu-system"}
 
 
-def test_config_map_carries_nvidias_config_file_and_the_plugin_reads_it(tmp_path: Path) -> None:
+def test_config_map_carries_nvidias_named_configs_picked_by_the_node_label(tmp_path: Path) -> None:
     sliced = ("version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n"
               "      replicas: 4\n")
-    objects = template(tmp_path, {"config": {"map": {"time-sliced": sliced}}})
-    config = objects["ConfigMap", "gh-device-plugin-configs"]["data"]["config.yaml"]
-    assert config.strip() == sliced.strip()
-    sharing = parse(config).sharing
+    objects = template(tmp_path, {"config": {"map": {"default": "version: v1\n", "time-sliced": sliced},
+                                             "default": "time-sliced"}})
+    data = objects["ConfigMap", "gh-device-plugin-configs"]["data"]
+    assert data == {"default": "version: v1\n", "time-sliced": sliced}  # byte for byte, one key per name
+    sharing = parse(data["time-sliced"]).sharing
     assert sharing is not None and [(r.name, r.replicas) for r in sharing.resources] == [("nvidia.com/gpu", 4)]
-    # several configs (NVIDIA's per-node selection) are refused with one line, never half-rendered
-    out = helm("template", "gh", str(CHART), values={"config": {"map": {"a": "version: v1\n", "b": sliced}}},
-               tmp=tmp_path, check=False)
-    assert out.returncode != 0 and "config.map: more than one config" in out.stderr and not out.stdout
+    pod = _pod(objects, "gpuhook-device-plugin")
+    (container,) = pod["containers"]
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+    assert env["CONFIG_FILE_SRCDIR"] == "/available-configs" and "CONFIG_FILE" not in env
+    assert (env["DEFAULT_CONFIG"], env["FALLBACK_STRATEGIES"]) == ("time-sliced", "named,single")
+    assert env["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    volume = {v["name"]: v for v in pod["volumes"]}["config"]["configMap"]
+    assert mounts["config"] == "/available-configs" and "items" not in volume  # every key is a file
+    # the label is read with the plugin's own account: nodes, read-only, nothing else
+    role = objects["ClusterRole", "gh-gpuhook-device-plugin"]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}]
+    binding = objects["ClusterRoleBinding", "gh-gpuhook-device-plugin"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "gpuhook-device-plugin",
+                                    "namespace": "gpuhook"}]
 
 
 def test_the_default_config_is_the_strategies_and_parses(tmp_path: Path) -> None:
@@ -164,8 +176,18 @@ def test_the_default_config_is_the_strategies_and_parses(tmp_path: Path) -> None
 def test_an_existing_config_map_is_used_and_none_is_made(tmp_path: Path) -> None:
     objects = template(tmp_path, {"config": {"name": "mine"}})
     assert not [k for k in objects if k[0] == "ConfigMap"]
-    volume = {v["name"]: v for v in _pod(objects, "gpuhook-device-plugin")["volumes"]}["config"]
-    assert volume["configMap"]["name"] == "mine"
+    pod = _pod(objects, "gpuhook-device-plugin")
+    volume = {v["name"]: v for v in pod["volumes"]}["config"]
+    assert volume["configMap"] == {"name": "mine"}  # NVIDIA's layout: its keys are the named configs
+    assert {"name": "CONFIG_FILE_SRCDIR", "value": "/available-configs"} in pod["containers"][0]["env"]
+
+
+def test_without_configs_the_plugin_gets_one_file_and_no_node_access(tmp_path: Path) -> None:
+    objects = template(tmp_path)
+    assert not [k for k in objects if k[0] in ("ClusterRole", "ClusterRoleBinding")]
+    env = _pod(objects, "gpuhook-device-plugin")["containers"][0]["env"]
+    assert {"name": "CONFIG_FILE", "value": "/config/config.yaml"} in env
+    assert not [e for e in env if e["name"] in ("CONFIG_FILE_SRCDIR", "NODE_NAME")]
 
 
 def _comparable(pod: dict[str, Any]) -> dict[str, Any]:

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.kubelet import TestKubelet, short_tempdir
+from support.kubelet import TestKubelet
+from support.processes import short_tempdir
 from test_plugin import FAST_HEALTH, wait_nvml_events
 
 from gpuhook.cli.app import main

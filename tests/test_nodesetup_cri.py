@@ -17,7 +17,7 @@ import pytest
 from support.cri import cri_modules, host_sandbox, run_container
 from support.e2e import need, need_root
 from support.k8snode import containerd17, import_images, stop_tasks, write_containerd_config
-from support.kubelet import short_tempdir
+from support.processes import short_tempdir
 from test_nodesetup import containerd_pid, dump, snapshot, supervised_containerd, wait_for
 
 pytestmark = pytest.mark.e2e

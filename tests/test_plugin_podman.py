@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 from support.fakefix import FAKE_MIG_LAYOUT
-from support.kubelet import TestKubelet, short_tempdir
+from support.kubelet import TestKubelet
 from support.podman import LIST_NODES, Podman, need_podman, parse_nodes
+from support.processes import short_tempdir
 from support.runc import busybox_rootfs, need_busybox
 
 from gpuhook.cli.plugin import default_hook_path

@@ -169,7 +169,8 @@ def test_device_plugin_registers_and_allocates(e2e: Path, real_root: RealRoot) -
     """The plugin on NVIDIA's real files: the real NVML cannot initialise (no kernel driver), so the GPUs come from
     procfs; it registers with a kubelet (real gRPC), streams them healthy, and Allocate answers CDI names. Run
     without CAP_MKNOD/CAP_SYS_MODULE, as every NVIDIA code here (its NVML would make /dev/nvidiactl as root)."""
-    from support.kubelet import TestKubelet, gpuhook_command, short_tempdir
+    from support.kubelet import TestKubelet
+    from support.processes import gpuhook_command, short_tempdir
     from support.realdriver import without_device_powers
 
     work = short_tempdir()

@@ -32,7 +32,7 @@ EIGHT = [str(i) for i in range(8)]
 
 @pytest.fixture
 def kubelet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestKubelet]:
-    from support.kubelet import short_tempdir
+    from support.processes import short_tempdir
 
     path = short_tempdir()
     with TestKubelet(os.path.join(path, "dp")) as k:

@@ -21,6 +21,7 @@ import grpc
 
 from gpuhook.plugin import api_pb2 as pb
 from gpuhook.plugin import api_pb2_grpc as pb_grpc
+from support.processes import gpuhook_command
 
 KUBELET_SOCKET = "kubelet.sock"
 
@@ -246,21 +247,6 @@ class TestKubelet:
 
 
 # -- running the plugin ----------------------------------------------------------------------------------------
-
-
-def short_tempdir(prefix: str = "dp") -> str:
-    """A temp dir short enough for unix socket paths (108 bytes) whatever the test's name."""
-    import tempfile
-
-    return tempfile.mkdtemp(prefix=prefix, dir="/tmp")
-
-
-def gpuhook_command() -> list[str]:
-    """The installed `gpuhook` beside this Python, else `python -m gpuhook.cli`."""
-    import sys
-
-    beside = os.path.join(os.path.dirname(sys.executable), "gpuhook")
-    return [beside] if os.access(beside, os.X_OK) else [sys.executable, "-m", "gpuhook.cli"]
 
 
 class PluginProcess:

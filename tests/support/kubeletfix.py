@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 @pytest.fixture
 def workdir() -> Iterator[str]:
-    from support.kubelet import short_tempdir
+    from support.processes import short_tempdir
 
     path = short_tempdir()
     yield path

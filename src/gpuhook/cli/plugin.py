@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -19,6 +20,7 @@ from gpuhook.cli.app import CACHE_OPTION
 from gpuhook.cli.inventory import load_inventory
 from gpuhook.errors import ConfigError, GpuhookError, clip
 from gpuhook.model.contract import STATE_DIR
+from gpuhook.model.inventory import Inventory
 from gpuhook.plugin.devices import (
     DEFAULT_LIST_STRATEGIES,
     ID_STRATEGIES,
@@ -29,6 +31,7 @@ from gpuhook.plugin.devices import (
 )
 from gpuhook.plugin.health import DEFAULT_IGNORED_XIDS, HealthConfig, parse_xids
 from gpuhook.plugin.lifecycle import DEFAULT_KUBELET_DIR, PluginConfig, serve_forever
+from gpuhook.plugin.nodeconfig import DEFAULT_FALLBACKS, DEFAULT_LABEL
 from gpuhook.plugin.nvidiaflags import FLAGS, GATED_FLAGS, NvidiaFlag, health_settings
 from gpuhook.plugin.settings import GO_TRUE as GO_TRUE_WORDS
 from gpuhook.plugin.settings import parse_go_bool, plugin_roots, resolve
@@ -141,6 +144,19 @@ def default_hook_path() -> str:
 @click.option("--config-file", envvar="CONFIG_FILE", default=None, show_envvar=True,
               help="NVIDIA k8s-device-plugin's config file (v1 schema, e.g. its ConfigMap mounted): flags, "
                    "sharing.timeSlicing. Flags and environment variables win over it.")
+@click.option("--config-file-srcdir", "config_dir", envvar="CONFIG_FILE_SRCDIR", default=None, show_envvar=True,
+              metavar="DIR", help="Named configs, one file each (NVIDIA's chart's config.map mounted): the node label "
+                                  "--node-label picks one, followed while the plugin runs (needs --node-name).")
+@click.option("--default-config", envvar="DEFAULT_CONFIG", default="", show_envvar=True,
+              help="The config a node without the label gets (with --config-file-srcdir).")
+@click.option("--fallback-strategies", envvar="FALLBACK_STRATEGIES", default=",".join(DEFAULT_FALLBACKS),
+              show_default=True, show_envvar=True,
+              help="No label, no default: named (a config called default), single (the only one), empty (none).")
+@click.option("--node-name", envvar="NODE_NAME", default=None, show_envvar=True, help="This node's name.")
+@click.option("--kubeconfig", envvar="KUBECONFIG", default=None, show_envvar=True, metavar="FILE",
+              help="Where to read the node label when not in a pod [default: the pod's service account].")
+@click.option("--node-label", envvar="NODE_LABEL", default=DEFAULT_LABEL, show_default=True, show_envvar=True,
+              help="The node label that names the config.")
 @click.option("--resource-name", default="nvidia.com/gpu", show_default=True, help="Extended resource advertised.")
 @click.option("--device-list-strategy", envvar="DEVICE_LIST_STRATEGY", show_envvar=True,
               default=",".join(DEFAULT_LIST_STRATEGIES), show_default=True,
@@ -198,7 +214,9 @@ def default_hook_path() -> str:
 def device_plugin(driver_root: str | None, dev_root: str | None, driver_root_ctr_path: str | None,
                   proc_root: str | None, discovery: str, kubelet_socket: str | None, gdrcopy_enabled: bool | None,
                   gds_enabled: bool | None, mofed_enabled: bool | None, mps_root: str | None, kubelet_dir: str,
-                  config_file: str | None, resource_name: str, device_list_strategy: str, device_id_strategy: str,
+                  config_file: str | None, config_dir: str | None, default_config: str, fallback_strategies: str,
+                  node_name: str | None, kubeconfig: str | None, node_label: str, resource_name: str,
+                  device_list_strategy: str, device_id_strategy: str,
                   mig_strategy: str, fail_on_init_error: bool, pass_device_specs: bool, replicas: int,
                   cdi_spec_dir: str, hook_path: str | None, health_checks: str,
                   ignored_xids: str, recovery_window: float, health_interval: float, sys_root: str,
@@ -217,47 +235,67 @@ def device_plugin(driver_root: str | None, dev_root: str | None, driver_root_ctr
     values = {**ctx.params, "device_list_strategy": parse_list_strategies(device_list_strategy)}
     explicit = {PARAM_SETTING.get(k, k): values[k] for k in given}
     defaults = {PARAM_SETTING.get(k, k): v for k, v in values.items() if k not in given and v is not None}
-    file = None
-    if config_file:
-        from gpuhook.plugin import config as nvidia_config
-
-        file = nvidia_config.load(config_file)
-        for warning in file.warnings:
-            log.warning("%s: %s", clip(config_file, quote=False), warning)
-        if file.sharing is not None and "replicas" in given:
-            raise ConfigError(f"--replicas and sharing.timeSlicing in {clip(config_file, quote=False)}: "
-                              "give time-slicing once")
-    settings = resolve(explicit, file, defaults)
-    roots = plugin_roots(settings.get("host_driver_root"), settings.get("host_dev_root"), settings.get("driver_root"))
-    file_fields = file.options_fields() if file is not None else {}
-    file_fields["gated_env"] = gated_env(ctx, file.gated_env if file is not None else ())
-    options = Options(resource_name=resource_name, id_strategy=settings["id_strategy"],
-                      mig_strategy=settings["mig_strategy"], replicas=replicas,
-                      list_strategies=settings["list_strategies"], pass_device_specs=settings["pass_device_specs"],
-                      **file_fields)
-    options.check()
     health_on, xids = health_settings(xids)
-    config = PluginConfig(
-        options=options,
-        kubelet_dir=os.path.abspath(kubelet_directory(kubelet_socket, kubelet_dir, "kubelet_dir" in given)),
-        cdi_spec_dir=os.path.abspath(cdi_spec_dir),
-        hook_path=hook_path or default_hook_path(),
-        host_driver_root=roots.host_driver,
-        host_dev_root=roots.host_dev,
-        health=HealthConfig(enabled=health_checks == "on" and health_on, ignored_xids=xids,
-                            recovery_window=recovery_window,
-                            interval=health_interval),
-        sys_root=sys_root,
-        feature_file=os.path.abspath(feature_file) if feature_file else None,
-        fail_on_init_error=settings["fail_on_init_error"],
-        dev_char_path=os.path.abspath(dev_char_path) if dev_char_path else None,
-        hook_state_dir=os.path.abspath(hook_state_dir) if hook_state_dir else None,
-        daemonset=daemonset or None,
-    )
-    method = settings["discovery"]
+
+    def build(path: str | None) -> tuple[PluginConfig, Callable[[], Inventory]]:
+        """The plugin's configuration and discovery with `path` as NVIDIA's config file (None: none)."""
+        file = None
+        if path:
+            from gpuhook.plugin import config as nvidia_config
+
+            file = nvidia_config.load(path)
+            for warning in file.warnings:
+                log.warning("%s: %s", clip(path, quote=False), warning)
+            if file.sharing is not None and "replicas" in given:
+                raise ConfigError(f"--replicas and sharing.timeSlicing in {clip(path, quote=False)}: "
+                                  "give time-slicing once")
+        settings = resolve(explicit, file, defaults)
+        roots = plugin_roots(settings.get("host_driver_root"), settings.get("host_dev_root"),
+                             settings.get("driver_root"))
+        file_fields = file.options_fields() if file is not None else {}
+        file_fields["gated_env"] = gated_env(ctx, file.gated_env if file is not None else ())
+        options = Options(resource_name=resource_name, id_strategy=settings["id_strategy"],
+                          mig_strategy=settings["mig_strategy"], replicas=replicas,
+                          list_strategies=settings["list_strategies"],
+                          pass_device_specs=settings["pass_device_specs"], **file_fields)
+        options.check()
+        config = PluginConfig(
+            options=options,
+            kubelet_dir=os.path.abspath(kubelet_directory(kubelet_socket, kubelet_dir, "kubelet_dir" in given)),
+            cdi_spec_dir=os.path.abspath(cdi_spec_dir),
+            hook_path=hook_path or default_hook_path(),
+            host_driver_root=roots.host_driver,
+            host_dev_root=roots.host_dev,
+            health=HealthConfig(enabled=health_checks == "on" and health_on, ignored_xids=xids,
+                                recovery_window=recovery_window, interval=health_interval),
+            sys_root=sys_root,
+            feature_file=os.path.abspath(feature_file) if feature_file else None,
+            fail_on_init_error=settings["fail_on_init_error"],
+            dev_char_path=os.path.abspath(dev_char_path) if dev_char_path else None,
+            hook_state_dir=os.path.abspath(hook_state_dir) if hook_state_dir else None,
+            daemonset=daemonset or None,
+        )
+        method = settings["discovery"]
+        return config, lambda: load_inventory(roots.read_driver, roots.read_dev, proc_root, method, inventory_cache)
+
+    node_configs = None
+    if config_dir:
+        if config_file:
+            raise ConfigError("--config-file and --config-file-srcdir: give one (a single file, or named configs "
+                              "picked by the node label)")
+        if not node_name:
+            raise ConfigError("--config-file-srcdir needs --node-name (NODE_NAME; in a pod: the downward API's "
+                              "spec.nodeName)")
+        from gpuhook.plugin.nodeconfig import NodeConfigs, parse_fallbacks
+        from gpuhook.system.nodelabel import NodeLabel
+
+        node_configs = NodeConfigs(os.path.abspath(config_dir), default_config, parse_fallbacks(fallback_strategies),
+                                   NodeLabel(node_name, node_label, kubeconfig=kubeconfig), build)
+        config, discover = node_configs.initial()
+    else:
+        config, discover = build(config_file)
     try:
-        serve_forever(config, lambda: load_inventory(roots.read_driver, roots.read_dev, proc_root, method,
-                                                     inventory_cache))
+        serve_forever(config, discover, node_configs)
     except OSError as exc:
         raise GpuhookError(f"device plugin: {exc}") from None
 

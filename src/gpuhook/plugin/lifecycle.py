@@ -31,6 +31,7 @@ from gpuhook.plugin.devicespecs import DeviceSpecs
 from gpuhook.plugin.driverversion import VersionWatch, loaded_version
 from gpuhook.plugin.featurefile import FeatureFile
 from gpuhook.plugin.health import HealthConfig, HealthMonitor
+from gpuhook.plugin.nodeconfig import NodeConfigs
 from gpuhook.plugin.registration import KUBELET_SOCKET, Registrar
 from gpuhook.plugin.server import DevicePluginService, Endpoint
 from gpuhook.plugin.state import HealthBoard
@@ -89,6 +90,7 @@ class Plugin:
         self.watcher = DirWatcher(config.kubelet_dir)
         self._stop = threading.Event()
         self._reload = threading.Event()
+        self._pending: tuple[PluginConfig, Callable[[], Inventory]] | None = None  # a new node config to apply
         self.kubelet_socket = os.path.join(config.kubelet_dir, KUBELET_SOCKET)
         self.features = FeatureFile(config.feature_file, config.options) if config.feature_file else None
         self.driver_version = ""  # what /proc/driver/nvidia/version said at the last discovery
@@ -193,6 +195,11 @@ class Plugin:
         self._reload.set()
         self.watcher.wake()
 
+    def request_reconfigure(self, config: PluginConfig, load_inventory: Callable[[], Inventory]) -> None:
+        """A new configuration (the node's label chose another one): applied by the watch loop, in place."""
+        self._pending = (config, load_inventory)
+        self.request_reload()
+
     def install_signal_handlers(self) -> None:
         def on_stop(signum: int, frame: FrameType | None) -> None:
             log.info("signal %d: stopping", signum)
@@ -264,20 +271,43 @@ class Plugin:
         return self._version_watch.changed(self.inventory, self.driver_version)
 
     def reload(self) -> None:
-        """A device change: re-discover, recompute topology and the spec, serve and register the new lists."""
+        """A device change or a new configuration: re-discover, recompute topology and the spec, serve and
+        register the new lists. A new configuration that cannot start is logged and the previous one serves
+        again (a node keeps its GPUs rather than losing them to a bad config)."""
+        pending, self._pending = self._pending, None
+        previous = (self.config, self.load_inventory)
+        if pending is not None:
+            self._configure(*pending)
         log.info("reloading: discovering devices again")
         self.shutdown()
         self.board = HealthBoard()
-        self.start()
+        try:
+            self.start()
+        except GpuhookError as exc:
+            if pending is None:
+                raise
+            log.error("the new configuration cannot start (%s): serving the previous one again", exc)
+            self.shutdown()
+            self._configure(*previous)
+            self.board = HealthBoard()
+            self.start()
+
+    def _configure(self, config: PluginConfig, load_inventory: Callable[[], Inventory]) -> None:
+        self.config, self.load_inventory = config, load_inventory
+        self.features = FeatureFile(config.feature_file, config.options) if config.feature_file else None
 
 
-def serve_forever(config: PluginConfig, load_inventory: Callable[[], Inventory]) -> None:
-    """The `gpuhook device-plugin` body: start, then watch until SIGTERM/SIGINT."""
+def serve_forever(config: PluginConfig, load_inventory: Callable[[], Inventory],
+                  node_configs: NodeConfigs[tuple[PluginConfig, Callable[[], Inventory]]] | None = None) -> None:
+    """The `gpuhook device-plugin` body: start, then watch until SIGTERM/SIGINT. With `node_configs`, the
+    node's label is followed and each newly chosen configuration applied in place."""
     from gpuhook.plugin.removal import on_stop, watch
 
     follower = watch(config)  # from the start: an uninstall deletes the DaemonSet, then the plugin's account
     plugin = Plugin(config, load_inventory)
     plugin.install_signal_handlers()
+    if node_configs is not None:
+        node_configs.follow(lambda chosen: plugin.request_reconfigure(*chosen))
     started = time.monotonic()
     try:
         plugin.start()
@@ -286,4 +316,4 @@ def serve_forever(config: PluginConfig, load_inventory: Callable[[], Inventory])
         raise
     log.info("device plugin ready in %.0f ms", (time.monotonic() - started) * 1000)
     plugin.run()
-    on_stop(config, plugin.inventory, follower)
+    on_stop(plugin.config, plugin.inventory, follower)

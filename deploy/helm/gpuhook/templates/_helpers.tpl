@@ -40,16 +40,9 @@ tolerations: {{ toYaml . | nindent 2 }}
 {{- end }}
 {{- end }}
 
-{{/* The config names (sorted) of config.map, and the one a node without the label gets. */}}
-{{- define "gpuhook.configDefault" -}}
-{{- $names := keys .Values.config.map | sortAlpha -}}
-{{- if .Values.config.default -}}
-{{ .Values.config.default }}
-{{- else if hasKey .Values.config.map "default" -}}
-default
-{{- else if eq (len $names) 1 -}}
-{{ first $names }}
-{{- end -}}
+{{/* Named configs picked per node by its label: config.map given, or an existing ConfigMap (config.name). */}}
+{{- define "gpuhook.namedConfigs" -}}
+{{- if or .Values.config.map .Values.config.name -}}true{{- end -}}
 {{- end }}
 
 {{- define "gpuhook.configMapName" -}}
