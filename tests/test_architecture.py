@@ -25,7 +25,7 @@ ALLOWED: dict[str, set[str]] = {
     "service": {"hook", "inject", "model", "discover", "oci", "_native", "errors", "fileio"},
     "shim": {"service", "hook", "cdi", "inject", "model", "discover", "oci", "errors", "fileio"},
     "plugin": {"cdi", "system", "model", "discover", "errors", "fileio"},
-    "dra": {"plugin", "cdi", "model", "discover", "errors", "fileio"},  # plugin: health, planning, endpoints
+    "dra": {"plugin", "system", "cdi", "model", "discover", "errors", "fileio"},  # plugin: health, planning, endpoints
     "runtimeconfig": {"model", "errors", "fileio"},  # model: its Record base and contract's HOOK_PATH
     "system": {"model", "discover", "errors", "fileio"},
     "doctor": {"service", "shim", "runtimeconfig", "system", "hook", "cdi", "inject", "model", "discover", "oci",

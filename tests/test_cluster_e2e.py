@@ -4,8 +4,11 @@ modules by .ci/build-k8s; the node-setup and device-plugin images by .ci/build-i
 node's containerd). Node gpu-a has 4 simulated GPUs in two NVLink pairs, gpu-b 2 GPUs, the first split into two
 MIG devices; the release runs migStrategy mixed.
 
-The tests run in order on one cluster: install; GPU pods on both nodes; a MIG device; a node-setup pod's
-restart; `helm uninstall`, after which each node's paths are as they were before, byte for byte."""
+The tests run in order on one cluster: install; GPU pods on both nodes; a MIG device; a node relabelled to a
+time-sliced config (NVIDIA's config.map and node label); `helm upgrade` to a new image while GPU pods keep
+starting (none may fail); a switch to the DRA driver (an NVLink pair and a MIG device by ResourceClaimTemplate);
+a node-setup pod's restart; `helm uninstall`, after which each node's paths are as
+they were before, byte for byte."""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import hashlib
 import os
 import stat
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -49,9 +53,14 @@ PREFIX = "/var/lib/gpuhook"
 FEATURES = f"{NODE_ETC}/features.d"
 DEV_CHAR = f"{NODE_ETC}/dev-char"
 # what a node has before gpuhook: its runtime's config, the CDI and NFD folders, /dev/char
-WATCHED = [NODE_ETC, "/var/run/cdi", "/run/gpuhook", PREFIX, "/var/lib/kubelet/device-plugins"]
+WATCHED = [NODE_ETC, "/var/run/cdi", "/run/gpuhook", PREFIX, "/var/lib/kubelet/device-plugins",
+           "/var/lib/kubelet/plugins", "/var/lib/kubelet/plugins_registry"]
 PODS = f"/api/v1/namespaces/{NAMESPACE}/pods"
 WORK = "/api/v1/namespaces/default/pods"
+TIME_SLICED = ("version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n"
+               "      replicas: 4\n")
+CONFIG_LABEL = "nvidia.com/device-plugin.config"
+UPGRADE_TAG = "ci-next"
 
 
 def _values(tag: str = "ci") -> dict[str, Any]:
@@ -68,7 +77,9 @@ def _values(tag: str = "ci") -> dict[str, Any]:
                 {"name": "GPUHOOK_PROC_ROOT", "value": "/driver-root/proc"},
                 {"name": "GPUHOOK_FAKE_DRIVER_ROOT", "value": "/driver-root"}]}}},
             "nvidiaDriverRoot": DRIVER_AT, "nvidiaDevRoot": "", "prefix": PREFIX, "featuresDir": FEATURES,
-            "devCharPath": DEV_CHAR, "migStrategy": "mixed"}
+            "devCharPath": DEV_CHAR, "migStrategy": "mixed",
+            # NVIDIA's named configs: unlabelled nodes get "default"; the node label picks another
+            "config": {"map": {"default": "version: v1\n", "time-sliced": TIME_SLICED}}}
 
 
 @dataclass
@@ -141,15 +152,22 @@ def snapshot(node: ClusterNode) -> dict[str, Any]:
 
 
 def _export_images(folder: Path) -> list[Path]:
+    """Both images under their CI tag and under UPGRADE_TAG (the same content: what `helm upgrade` rolls to)."""
     archives = []
     for name, ref in IMAGES.items():
         need(subprocess.run(["podman", "image", "exists", ref], check=False).returncode == 0,
              f"image {ref} missing: run .ci/build-images")
-        archive = folder / f"{name}.tar"
-        out = subprocess.run(["podman", "save", "--format", "oci-archive", "-o", str(archive), ref],
-                             capture_output=True, text=True, timeout=300, check=False)
-        assert out.returncode == 0, out.stderr
-        archives.append(archive)
+        for tag in ("ci", UPGRADE_TAG):
+            tagged = f"{ref.rsplit(':', 1)[0]}:{tag}"
+            if tagged != ref:
+                subprocess.run(["podman", "tag", ref, tagged], check=True, timeout=60)
+            archive = folder / f"{name}-{tag}.tar"
+            out = subprocess.run(["podman", "save", "--format", "oci-archive", "-o", str(archive), tagged],
+                                 capture_output=True, text=True, timeout=300, check=False)
+            if tagged != ref:
+                subprocess.run(["podman", "untag", ref, tagged], check=False, timeout=60)
+            assert out.returncode == 0, out.stderr
+            archives.append(archive)
     return archives
 
 
@@ -261,16 +279,164 @@ def test_a_mig_device_under_the_mixed_strategy(cluster: Cluster) -> None:
     c.plane.ok("DELETE", f"{WORK}/mig")
 
 
-def _setup_pod(c: Cluster, node: str) -> dict[str, Any] | None:
+def _setup_pod(c: Cluster, node: str, name: str = "gpuhook-node-setup") -> dict[str, Any] | None:
     for pod in c.pods():
-        if pod["spec"].get("nodeName") == node and pod["metadata"]["name"].startswith("gpuhook-node-setup"):
+        if pod["spec"].get("nodeName") == node and pod["metadata"]["name"].startswith(name):
             return pod
     return None
+
+
+def _label(c: Cluster, node: str, value: str | None) -> None:
+    c.plane.ok("PATCH", f"/api/v1/nodes/{node}", {"metadata": {"labels": {CONFIG_LABEL: value}}},
+               content_type="application/merge-patch+json")
+
+
+def _restarts(pod: dict[str, Any] | None) -> tuple[str, int]:
+    assert pod is not None
+    return pod["metadata"]["uid"], sum(s.get("restartCount", 0) for s in pod["status"].get("containerStatuses", []))
+
+
+def test_a_relabelled_node_advertises_its_time_sliced_config_without_a_restart(cluster: Cluster) -> None:
+    c = cluster
+    plugin = _restarts(_setup_pod(c, "gpu-b", "gpuhook-device-plugin"))
+    others = {n: _allocatable(c, n) for n in c.nodes}
+    _label(c, "gpu-b", "time-sliced")
+    sliced = {"nvidia.com/gpu": "4", "nvidia.com/mig-1g.10gb": "2"}  # its one whole GPU, 4 times; MIG as it was
+    wait_for("gpu-b time-sliced", lambda: _allocatable(c, "gpu-b") == sliced, 120)
+    c.plane.ok("POST", WORK, _gpu_pod("sliced", node="gpu-b"))
+    pod = wait_for("sliced to finish", lambda: _finished(c, "sliced"), 120)
+    assert pod["status"]["phase"] == "Succeeded", c.diagnose()
+    assert "GPUS: nvidia1" in _output(c, pod)  # a replica of the whole GPU (GPU 0 is split into MIG devices)
+    c.plane.ok("DELETE", f"{WORK}/sliced")
+    assert _allocatable(c, "gpu-a") == others["gpu-a"]  # the other node keeps its config
+    _label(c, "gpu-b", "no-such-config")  # one error line; the current config keeps serving
+    time.sleep(3)
+    assert _allocatable(c, "gpu-b") == sliced
+    _label(c, "gpu-b", None)
+    wait_for("gpu-b back to its default", lambda: _allocatable(c, "gpu-b") == others["gpu-b"], 120)
+    assert _restarts(_setup_pod(c, "gpu-b", "gpuhook-device-plugin")) == plugin  # the same pod, never restarted
+    for name, node in c.nodes.items():
+        assert node.containerd_pid() == c.runtime_pids[name]  # nothing else restarted either
+    logs = _container_logs(c.nodes["gpu-b"], _setup_pod(c, "gpu-b", "gpuhook-device-plugin") or {})
+    assert "config 'time-sliced'" in logs and "='no-such-config': no such config" in logs, logs[-3000:]
 
 
 def _ready(pod: dict[str, Any] | None) -> bool:
     return bool(pod) and any(cond["type"] == "Ready" and cond["status"] == "True"
                              for cond in pod.get("status", {}).get("conditions", []))  # type: ignore[union-attr]
+
+
+def _gpuhook_pods(c: Cluster) -> dict[str, tuple[str, str, bool]]:
+    """name -> (uid, image, Ready) of gpuhook's pods."""
+    return {p["metadata"]["name"]: (p["metadata"]["uid"], p["spec"]["containers"][0]["image"], _ready(p))
+            for p in c.pods()}
+
+
+def test_helm_upgrade_to_a_new_image_fails_no_gpu_pod_started_during_it(cluster: Cluster) -> None:
+    c = cluster
+    before = _gpuhook_pods(c)
+    stop, started, errors = threading.Event(), [], []
+
+    def start_gpu_pods() -> None:
+        nodes = ("gpu-a", "gpu-a", "gpu-b")  # gpu-b has one whole GPU: fewer there
+        while not stop.is_set():
+            name = f"roll-{len(started)}"
+            try:
+                c.plane.ok("POST", WORK, _gpu_pod(name, node=nodes[len(started) % len(nodes)]))
+                started.append(name)
+            except AssertionError as exc:  # pragma: no cover - reported below
+                errors.append(str(exc))
+            stop.wait(1.0)
+
+    loop = threading.Thread(target=start_gpu_pods, daemon=True)
+    loop.start()
+    try:
+        time.sleep(3)
+        c.helm("upgrade", "gh", str(CHART), "--namespace", NAMESPACE, "--wait", "--timeout", "5m",
+               values=_values(UPGRADE_TAG))
+        wait_for("every gpuhook pod replaced and Ready", lambda: all(
+            image.endswith(f":{UPGRADE_TAG}") and ready for _, image, ready in _gpuhook_pods(c).values())
+            and len(_gpuhook_pods(c)) == len(before), 300)
+        time.sleep(3)  # and a few more after it
+    finally:
+        stop.set()
+        loop.join(10)
+    assert not errors, errors
+    assert len(started) >= 10, started
+    failed = []
+    for name in started:
+        pod = wait_for(f"{name} to finish", lambda name=name: _finished(c, name), 300)
+        if pod["status"]["phase"] != "Succeeded":
+            failed.append((name, pod["status"].get("reason"), pod["status"].get("message")))
+    assert failed == [], f"{len(failed)} of {len(started)} GPU pods failed during the upgrade: {failed}"
+    print(f"helm upgrade: {len(started)} GPU pods started during the rolling update, all Succeeded", flush=True)
+    assert not set(before) & set(_gpuhook_pods(c))  # every pod was replaced
+    for name, node in c.nodes.items():
+        assert node.containerd_pid() == c.runtime_pids[name]  # the same configuration: no runtime restart
+    for name in started:
+        c.plane.ok("DELETE", f"{WORK}/{name}")
+
+
+TEMPLATES = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaimtemplates"
+
+
+def _claim_template(name: str, device_class: str, count: int, nvlink: bool) -> dict[str, Any]:
+    devices: dict[str, Any] = {"requests": [{"name": "gpus", "exactly": {"deviceClassName": device_class,
+                                                                          "count": count}}]}
+    if nvlink:
+        devices["constraints"] = [{"requests": ["gpus"], "matchAttribute": "gpu.nvidia.com/nvlinkDomain"}]
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": name},
+            "spec": {"spec": {"devices": devices}}}
+
+
+def _claim_pod(name: str, template: str) -> dict[str, Any]:
+    pod = _gpu_pod(name)
+    container = pod["spec"]["containers"][0]
+    container["resources"] = {"claims": [{"name": "gpus"}]}
+    pod["spec"]["resourceClaims"] = [{"name": "gpus", "resourceClaimTemplateName": template}]
+    return pod
+
+
+def test_dra_on_both_nodes_pairs_by_nvlink_and_mig_after_switching_from_the_device_plugin(cluster: Cluster) -> None:
+    c = cluster
+    values = _values(UPGRADE_TAG)
+    values["devicePlugin"]["enabled"] = False
+    values["draDriver"] = {"enabled": True, "containers": {"main": {"env": [
+        {"name": "GPUHOOK_PROC_ROOT", "value": "/driver-root/proc"},
+        {"name": "GPUHOOK_FAKE_DRIVER_ROOT", "value": "/driver-root"}]}}}
+    c.helm("upgrade", "gh", str(CHART), "--namespace", NAMESPACE, "--wait", "--timeout", "5m", values=values)
+
+    def slices(node: str) -> list[str]:
+        items = c.plane.ok("GET", f"/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName%3D{node}")
+        return sorted(d["name"] for s in items["items"] for d in s["spec"].get("devices", []))
+
+    for node in c.nodes:
+        wait_for(f"{node}'s ResourceSlice", lambda node=node: slices(node), 120)
+    assert slices("gpu-a") == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
+    assert len([d for d in slices("gpu-b") if "-mig-" in d]) == 2, slices("gpu-b")
+    # the device plugin's DaemonSet is gone: its spec and labels left the nodes
+    for node in c.nodes.values():
+        assert not list(node.path("/var/run/cdi").glob("k8s.device-plugin.nvidia.com*")), node.name
+        assert not node.path(f"{FEATURES}/gpuhook").exists()
+
+    c.plane.ok("POST", TEMPLATES, _claim_template("nvlink-pair", "gpu.nvidia.com", 2, nvlink=True))
+    c.plane.ok("POST", TEMPLATES, _claim_template("one-mig", "mig.nvidia.com", 1, nvlink=False))
+    c.plane.ok("POST", WORK, _claim_pod("pair", "nvlink-pair"))
+    c.plane.ok("POST", WORK, _claim_pod("mig-dra", "one-mig"))
+    pair = wait_for("pair to finish", lambda: _finished(c, "pair"), 180)
+    mig = wait_for("mig-dra to finish", lambda: _finished(c, "mig-dra"), 180)
+    assert pair["status"]["phase"] == mig["status"]["phase"] == "Succeeded", c.diagnose()
+    assert pair["spec"]["nodeName"] == "gpu-a" and mig["spec"]["nodeName"] == "gpu-b"
+    gpus = _output(c, pair).split("GPUS:", 1)[1].split("\n", 1)[0].split()
+    assert gpus in (["nvidia0", "nvidia1"], ["nvidia2", "nvidia3"]), gpus  # an NVLink pair, never a mixed one
+    out = _output(c, mig)
+    assert "GPUS: nvidia0" in out and "CAP: " in out, out
+    for name in ("pair", "mig-dra"):
+        c.plane.ok("DELETE", f"{WORK}/{name}")
+    wait_for("the claims' CDI specs removed", lambda: not any(
+        list(n.path("/var/run/cdi").glob("*claim*")) for n in c.nodes.values()), 120)
+    for name in ("nvlink-pair", "one-mig"):
+        c.plane.ok("DELETE", f"{TEMPLATES}/{name}")
 
 
 def test_a_node_setup_pod_restart_restarts_no_runtime(cluster: Cluster) -> None:
@@ -280,8 +446,11 @@ def test_a_node_setup_pod_restart_restarts_no_runtime(cluster: Cluster) -> None:
     old = _setup_pod(c, "gpu-a")
     assert old is not None
     c.plane.ok("DELETE", f"{PODS}/{old['metadata']['name']}")
-    wait_for("a new node-setup pod Ready", lambda: (lambda p: p if _ready(p) and p["metadata"]["uid"] !=
-                                                    old["metadata"]["uid"] else None)(_setup_pod(c, "gpu-a")), 180)
+    try:
+        wait_for("a new node-setup pod Ready", lambda: (lambda p: p if _ready(p) and p["metadata"]["uid"] !=
+                                                        old["metadata"]["uid"] else None)(_setup_pod(c, "gpu-a")), 180)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{c.diagnose()}") from None
     assert node.containerd_pid() == c.runtime_pids["gpu-a"]
     assert snapshot(node) == installed
     new = _setup_pod(c, "gpu-a")

@@ -713,3 +713,19 @@ def test_the_text_report_prints_every_finding_it_counts() -> None:
     assert text.count("PROBLEM") == len(SECTIONS) + 1
     assert "service is broken" in text and "elsewhere is broken" in text
     assert text.splitlines()[-1] == f"{len(SECTIONS) + 1} problem(s), 0 warning(s)"
+
+
+def test_on_a_kubernetes_node_cdi_on_is_enough_without_a_spec(tmp_path: Path) -> None:
+    """node-setup's readiness probe: with only the DRA driver there is no spec until a claim is prepared, and the
+    device plugin's comes and goes with it; containerd with CDI on is what node-setup is answerable for."""
+    plain, node = paths(tmp_path), paths(tmp_path, kubernetes_node=True)
+    config = Path(plain.containerd_config)
+    config.parent.mkdir(parents=True)
+    config.write_text('version = 3\n[plugins."io.containerd.cri.v1.runtime"]\nenable_cdi = true\n')
+    (tmp_path / "cdi").mkdir()
+    status = SpecStatus(scan([str(tmp_path / "cdi")]))  # no spec at all
+    assert PROBLEM in statuses(rt.check_containerd((2, 2, 9), plain, status))
+    found = rt.check_containerd((2, 2, 9), node, status)
+    assert statuses(found) == [OK] and "the DRA driver write the specs" in found[0].message
+    config.write_text('version = 3\n[plugins."io.containerd.cri.v1.runtime"]\nenable_cdi = false\n')
+    assert PROBLEM in statuses(rt.check_containerd((2, 2, 9), node, status))  # CDI off: still a problem

@@ -564,3 +564,31 @@ def test_the_command_refuses_bad_settings_with_one_line(tmp_path: Path, args: li
                          capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode != 0
     assert says in out.stderr and "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("state,prepared,removed", [("gone", 0, True), ("gone", 1, False), ("present", 0, False),
+                                                    ("unknown", 0, False)])
+def test_after_an_uninstall_the_driver_takes_its_checkpoint_off_the_node(tmp_path: Path, state: str, prepared: int,
+                                                                        removed: bool) -> None:
+    from gpuhook.dra.checkpoint import FILE
+    from gpuhook.dra.driver import DriverConfig, take_off
+
+    config = DriverConfig(node="n", kubelet_dir=str(tmp_path))
+    os.makedirs(config.plugin_dir)
+    checkpoint = Path(config.plugin_dir) / FILE
+    checkpoint.write_text("{}")
+    gone = take_off(config, prepared, (state, "DaemonSet gpuhook/gpuhook-dra: " + state))
+    assert (gone == [str(checkpoint), config.plugin_dir]) == removed
+    assert checkpoint.exists() != removed and os.path.isdir(config.plugin_dir) != removed
+    if removed:  # the kubelet's plugins folder itself stays
+        assert os.path.isdir(tmp_path / "plugins")
+
+
+def test_the_uninstall_clean_up_leaves_what_is_not_the_drivers(tmp_path: Path) -> None:
+    from gpuhook.dra.driver import DriverConfig, take_off
+
+    config = DriverConfig(node="n", kubelet_dir=str(tmp_path))
+    os.makedirs(config.plugin_dir)
+    (Path(config.plugin_dir) / "someone-elses").write_text("keep")
+    assert take_off(config, 0, ("gone", "gone")) == []
+    assert (Path(config.plugin_dir) / "someone-elses").read_text() == "keep"

@@ -103,7 +103,10 @@ def test_each_value_reaches_every_field_that_carries_it(tmp_path: Path) -> None:
         "deviceIDStrategy": "index", "failOnInitError": False, "runtimeClassName": "plain",
         "nodeSelector": {"gpu": "yes"}, "tolerations": [{"key": "t", "operator": "Exists"}],
         "resources": {"limits": {"memory": "1Gi"}}, "priorityClassName": "",
-        "imagePullSecrets": [{"name": "pull"}], "draDriver": {"enabled": True, "namespace": "dra-system"},
+        "imagePullSecrets": [{"name": "pull"}],
+        "draDriver": {"enabled": True, "namespace": "dra-system",
+                      "containers": {"main": {"env": [{"name": "DRA_EXTRA", "value": "2"}]}}},
+        "devicePlugin": {"containers": {"main": {"env": [{"name": "PLUGIN_EXTRA", "value": "1"}]}}},
     }
     objects = template(tmp_path, values, namespace="gpu-system")
     setup, plugin, dra = (_pod(objects, n) for n in ("gpuhook-node-setup", "gpuhook-device-plugin", "gpuhook-dra"))
@@ -131,8 +134,10 @@ def test_each_value_reaches_every_field_that_carries_it(tmp_path: Path) -> None:
     volumes = {v["name"]: v.get("hostPath", {}).get("path") for v in plugin["volumes"]}
     assert (volumes["driver-root"], volumes["gpuhook-prefix"], volumes["device-plugins"], volumes["cdi"]) == (
         "/run/nvidia/driver", "/opt/gh", "/data/kubelet/device-plugins", "/etc/cdi")
+    assert env["PLUGIN_EXTRA"] == "1"
     (container,) = dra["containers"]
     assert "--kubelet-dir=/data/kubelet" in container["args"] and container["image"].endswith("plugin:9")
+    assert {"name": "DRA_EXTRA", "value": "2"} in container["env"]
     assert objects["DaemonSet", "gpuhook-dra"]["metadata"]["namespace"] == "dra-system"
     binding = objects["ClusterRoleBinding", "gh-gpuhook-dra"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "gpuhook-dra", "namespace": "dra-system"}]

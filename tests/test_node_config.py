@@ -36,7 +36,8 @@ CHOICES = [
     ("", "", ("named", "single"), ["only"], "only"),  # single: the only one
     ("", "", ("single", "named"), ["a", "default"], "default"),  # in the order given
     ("", "", ("named", "empty"), ["a", "b"], ""),  # empty: no file at all
-    ("missing", "", ("named", "empty"), ["default"], ConfigError("config='missing': no such config")),  # never a fallback
+    # a label naming no config is an error, never a fallback
+    ("missing", "", ("named", "empty"), ["default"], ConfigError("config='missing': no such config")),
     ("", "missing", ("named",), ["default"], ConfigError("default config 'missing': no such config")),
     ("", "", ("named", "single"), ["a", "b"], ConfigError("no fallback (named, single) found one")),
     ("", "", ("empty",), [], ConfigError("no configuration files")),

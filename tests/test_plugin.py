@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import glob
 import logging
 import os
 import re
@@ -490,11 +491,17 @@ def plugin_args(fake: Any, kubelet: TestKubelet, *extra: str) -> list[str]:
             "--hook-state-dir", os.path.join(os.path.dirname(kubelet.directory), "records"), *extra]
 
 
+def served_sockets(kubelet: TestKubelet) -> list[str]:
+    """The plugin process's sockets in kubelet's folder: each process tags its own names."""
+    return sorted(glob.glob(os.path.join(kubelet.directory, "gpuhook-nvidia.com-gpu-*.sock")))
+
+
 def test_process_registers_serves_and_exits_cleanly_on_sigterm(fake_driver: Any, kubelet: TestKubelet,
                                                                workdir: str) -> None:
-    sock = os.path.join(kubelet.directory, "gpuhook-nvidia.com-gpu.sock")
     with PluginProcess(plugin_args(fake_driver, kubelet), os.path.join(workdir, "log")) as proc:
         (reg,) = kubelet.wait_registrations(1, timeout=20)
+        (sock,) = served_sockets(kubelet)
+        assert re.fullmatch(r"gpuhook-nvidia\.com-gpu-[0-9a-f]{8}\.sock", reg.request.endpoint)
         assert reg.request.endpoint == os.path.basename(sock)
         ids = [d.ID for d in kubelet.stream().first().devices]
         assert kubelet.client().allocate(ids[:1]).container_responses[0].cdi_devices[0].name == f"{KIND}={ids[0]}"
@@ -505,6 +512,64 @@ def test_process_registers_serves_and_exits_cleanly_on_sigterm(fake_driver: Any,
         assert os.path.exists(kubelet.socket)  # kubelet's own socket is not ours to remove
         stream.ended.wait(5)
         assert stream.ended.is_set()
+
+
+def test_a_new_plugin_serves_beside_the_one_it_replaces(fake_driver: Any, kubelet: TestKubelet,
+                                                       workdir: str) -> None:
+    """A rolling update with surge: the new process registers on its own socket while the old one still serves,
+    the old one's stop removes only its own socket, and each says it is ready only once registered."""
+    ready = [os.path.join(workdir, f"ready-{n}") for n in (1, 2)]
+    with PluginProcess([*plugin_args(fake_driver, kubelet), "--ready-file", ready[0]],
+                       os.path.join(workdir, "log1")) as old:
+        kubelet.wait_registrations(1, timeout=20)
+        wait_for_path(ready[0])
+        (first,) = served_sockets(kubelet)
+        with PluginProcess([*plugin_args(fake_driver, kubelet), "--ready-file", ready[1]],
+                           os.path.join(workdir, "log2")) as new:
+            regs = kubelet.wait_registrations(2, timeout=20)
+            wait_for_path(ready[1])
+            assert regs[1].request.endpoint != regs[0].request.endpoint
+            assert os.path.exists(first)  # the old one's socket was left alone
+            old.signal(signal.SIGTERM)
+            assert old.wait(10) == 0, old.log()
+            assert not os.path.exists(ready[0])
+            (second,) = served_sockets(kubelet)
+            assert second != first and os.path.basename(second) == regs[1].request.endpoint
+            ids = [d.ID for d in kubelet.stream().first().devices]
+            assert kubelet.client().allocate(ids[:1]).container_responses  # the new one answers
+            new.signal(signal.SIGTERM)
+            assert new.wait(10) == 0, new.log()
+            assert not os.path.exists(ready[1]) and not served_sockets(kubelet)
+
+
+def test_start_removes_only_dead_plugin_sockets(fake_driver: Any, kubelet: TestKubelet, workdir: str) -> None:
+    import socket as sockets
+
+    dead = os.path.join(kubelet.directory, "gpuhook-nvidia.com-gpu-deadbeef.sock")
+    live = os.path.join(kubelet.directory, "gpuhook-nvidia.com-gpu-0badcafe.sock")
+    other = os.path.join(kubelet.directory, "other-vendor.sock")
+    for path in (dead, other):
+        with sockets.socket(sockets.AF_UNIX) as s:
+            s.bind(path)  # closed without unlinking: nobody listens
+    listener = sockets.socket(sockets.AF_UNIX)
+    listener.bind(live)
+    listener.listen(1)
+    try:
+        with PluginProcess(plugin_args(fake_driver, kubelet), os.path.join(workdir, "log")) as proc:
+            kubelet.wait_registrations(1, timeout=20)
+            assert not os.path.exists(dead) and os.path.exists(live) and os.path.exists(other)
+            assert f"removed {dead}: no plugin serves it" in proc.log()
+            proc.signal(signal.SIGTERM)
+            assert proc.wait(10) == 0
+    finally:
+        listener.close()
+
+
+def wait_for_path(path: str, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
 
 
 def test_process_sigint_exits_zero(fake_driver: Any, kubelet: TestKubelet, workdir: str) -> None:
@@ -533,9 +598,9 @@ def test_kubelet_restart_reregisters(fake_driver: Any, kubelet: TestKubelet, wor
 
 
 def test_deleted_plugin_socket_is_served_again(fake_driver: Any, kubelet: TestKubelet, workdir: str) -> None:
-    sock = os.path.join(kubelet.directory, "gpuhook-nvidia.com-gpu.sock")
     with PluginProcess(plugin_args(fake_driver, kubelet), os.path.join(workdir, "log")) as proc:
         kubelet.wait_registrations(1, timeout=20)
+        (sock,) = served_sockets(kubelet)
         os.unlink(sock)
         kubelet.wait_registrations(2, timeout=20)  # the same kubelet: the plugin noticed by itself
         assert os.path.exists(sock)
@@ -549,8 +614,7 @@ def test_registers_once_kubelet_appears(fake_driver: Any, workdir: str) -> None:
     os.makedirs(kubelet.directory)
     with PluginProcess(plugin_args(fake_driver, kubelet), os.path.join(workdir, "log")) as proc:
         deadline = time.monotonic() + 20
-        sock = os.path.join(kubelet.directory, "gpuhook-nvidia.com-gpu.sock")
-        while not os.path.exists(sock):
+        while not served_sockets(kubelet):
             assert time.monotonic() < deadline and proc.proc.poll() is None, proc.log()
             time.sleep(0.02)
         time.sleep(0.3)  # a few failed attempts
@@ -583,7 +647,7 @@ def test_bad_configuration_is_one_line(fake_driver_mig: Any, kubelet: TestKubele
         out = proc.log().strip().splitlines()
         assert out[-1].startswith("gpuhook: MIG strategy single"), out
         assert "Traceback" not in proc.log()
-        assert not os.path.exists(os.path.join(kubelet.directory, "gpuhook-nvidia.com-gpu.sock"))
+        assert not served_sockets(kubelet)
 
 
 # -- spec paths, reload, deployment files ---------------------------------------------------------------------------

@@ -83,11 +83,14 @@ def _render_one(f: Finding) -> list[str]:
 @click.option("--runtime", "runtimes", multiple=True,
               type=click.Choice(["runc", "podman", "containerd", "crio", "docker", "none"]),
               help="Check these runtimes' configuration; repeatable [default: every one installed].")
+@click.option("--kubernetes-node", is_flag=True,
+              help="A Kubernetes node: CDI on in the runtime is enough (the device plugin or the DRA driver writes "
+                   "the specs of the GPUs it allocates); node-setup's readiness probe passes it.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report (see docs/doctor.md).")
 def doctor(driver_root: str | None, dev_root: str | None, proc_root: str | None, discovery: str,
            config_path: str | None, bundle: str | None, env: tuple[str, ...], annotations: tuple[str, ...],
            device_mounts: tuple[str, ...], privileged: bool, spec_dirs: tuple[str, ...], runtimes: tuple[str, ...],
-           as_json: bool) -> None:
+           kubernetes_node: bool, as_json: bool) -> None:
     """Check the host, the runtimes and the CDI specs; explain what a container gets and why. Exit 1 on problems."""
     from gpuhook.cli.inventory import resolve_roots
     from gpuhook.doctor import container, host, specs
@@ -120,7 +123,7 @@ def doctor(driver_root: str | None, dev_root: str | None, proc_root: str | None,
     dirs = tuple(spec_dirs or DEFAULT_SPEC_DIRS)
     found, status = specs.check_specs(dirs, inv, flags)
     chosen = [r for r in runtimes if r != "none"] if runtimes else rt.installed()
-    paths = rt.Paths(generate_flags=flags, spec_dirs=dirs)
+    paths = rt.Paths(generate_flags=flags, spec_dirs=dirs, kubernetes_node=kubernetes_node)
     report.add(rt.check_runtimes(chosen, status, paths))
     report.add(rt.check_cdi_ignored(config.state_dir))
     from gpuhook.doctor.service import check_service

@@ -44,14 +44,18 @@ from gpuhook.plugin.health import DEFAULT_IGNORED_XIDS, HealthConfig, parse_xids
 @click.option("--health-interval", type=click.FloatRange(min=0.01), default=1.0, show_default=True,
               help="Seconds between device-node and GPU-handle checks.")
 @click.option("--sys-root", default="/sys", show_default=True, help="sysfs, for each GPU's PCIe root.")
+@click.option("--daemonset", envvar="GPUHOOK_DAEMONSET", default=None, metavar="NAME",
+              help="This pod's DaemonSet (in its service account's namespace): when the driver stops, that DaemonSet "
+                   "is gone and no claim is prepared, its checkpoint and folder are removed from the node "
+                   "[default: everything stays].")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True)
 @CACHE_OPTION
 def dra_plugin(driver_root: str, dev_root: str | None, proc_root: str | None, discovery: str, node_name: str,
                kubelet_dir: str, cdi_dir: str, kubeconfig: str | None, api_server: str | None,
                host_driver_root: str | None, host_dev_root: str | None, hook_path: str | None, health_checks: str,
-               ignored_xids: str, recovery_window: float, health_interval: float, sys_root: str, log_level: str,
-               inventory_cache: str | None) -> None:
+               ignored_xids: str, recovery_window: float, health_interval: float, sys_root: str,
+               daemonset: str | None, log_level: str, inventory_cache: str | None) -> None:
     """Kubelet DRA driver gpu.nvidia.com: publish GPUs in a ResourceSlice, prepare claims as CDI devices."""
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -80,9 +84,12 @@ def dra_plugin(driver_root: str, dev_root: str | None, proc_root: str | None, di
         health=HealthConfig(enabled=health_checks == "on", ignored_xids=xids, recovery_window=recovery_window,
                             interval=health_interval),
         sys_root=sys_root,
+        daemonset=daemonset or None,
     )
     api = Api(kubeconfig=kubeconfig, server=api_server)
     read_root = driver_root
+    # as the device plugin and node-setup: the DaemonSet may name the driver's procfs in its environment
+    proc_root = proc_root or os.environ.get("GPUHOOK_PROC_ROOT") or None
     try:
         serve_forever(config, lambda: load_inventory(read_root, dev_root, proc_root, discovery, inventory_cache), api)
     except OSError as exc:

@@ -157,13 +157,14 @@ def run_cmd(on_stop: str, daemonset: str, **kw: str) -> None:
 def probe_cmd(**kw: str) -> None:
     """Readiness: the install is complete and the installed gpuhook's `doctor` passes, run on the host by the
     host's copy in the runtime daemon's mount namespace (so it checks the configuration that daemon reads,
-    and the payload itself)."""
+    and the payload itself). As a Kubernetes node's: CDI on is enough, the device plugin or the DRA driver
+    writes the specs (a node with only the DRA driver has none until a claim is prepared)."""
     opts = _make(**kw)  # type: ignore[arg-type]
     if not os.path.isfile(real(opts, journal_path(opts))):
         raise GpuhookError(f"not installed: no journal at {journal_path(opts)}")
     name, _config, daemon = find_runtime(opts)
     argv = [os.path.join(opts.prefix, "bin", "gpuhook"), "doctor", "--driver-root", opts.driver_root,
-            "--runtime", name]
+            "--runtime", name, "--kubernetes-node"]
     if opts.host_root != "/":
         argv = ["nsenter", f"--target={daemon.pid if daemon else 1}", "--mount", "--", *argv]
     sys.exit(subprocess.run(argv, check=False).returncode)

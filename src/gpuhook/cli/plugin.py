@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -208,6 +209,10 @@ def default_hook_path() -> str:
               help="This pod's DaemonSet (in its service account's namespace): when the plugin stops and that "
                    "DaemonSet is gone, its CDI spec, feature file, /dev/char links and key are removed from the "
                    "node [default: everything stays].")
+@click.option("--ready-file", default=None, metavar="PATH",
+              help="A file that exists while every resource is registered with kubelet (the pod's readiness probe "
+                   "tests it, so a rolling update replaces the next pod only once this one is serving) "
+                   "[default: none].")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True)
 @CACHE_OPTION
@@ -221,7 +226,7 @@ def device_plugin(driver_root: str | None, dev_root: str | None, driver_root_ctr
                   cdi_spec_dir: str, hook_path: str | None, health_checks: str,
                   ignored_xids: str, recovery_window: float, health_interval: float, sys_root: str,
                   dev_char_path: str | None, hook_state_dir: str, feature_file: str | None, daemonset: str | None,
-                  log_level: str, inventory_cache: str | None, **nvidia_limited: Any) -> None:
+                  ready_file: str | None, log_level: str, inventory_cache: str | None, **nvidia_limited: Any) -> None:
     """Kubelet device plugin: advertise GPUs with health, answer Allocate with CDI device names."""
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -236,6 +241,9 @@ def device_plugin(driver_root: str | None, dev_root: str | None, driver_root_ctr
     explicit = {PARAM_SETTING.get(k, k): values[k] for k in given}
     defaults = {PARAM_SETTING.get(k, k): v for k, v in values.items() if k not in given and v is not None}
     health_on, xids = health_settings(xids)
+    # each plugin process serves its own socket names: during a rolling update the new pod registers beside
+    # the old one, so kubelet never has the resource without a plugin (GPU pods admitted meanwhile succeed)
+    socket_tag = secrets.token_hex(4)
 
     def build(path: str | None) -> tuple[PluginConfig, Callable[[], Inventory]]:
         """The plugin's configuration and discovery with `path` as NVIDIA's config file (None: none)."""
@@ -274,6 +282,8 @@ def device_plugin(driver_root: str | None, dev_root: str | None, driver_root_ctr
             dev_char_path=os.path.abspath(dev_char_path) if dev_char_path else None,
             hook_state_dir=os.path.abspath(hook_state_dir) if hook_state_dir else None,
             daemonset=daemonset or None,
+            socket_tag=socket_tag,
+            ready_file=os.path.abspath(ready_file) if ready_file else None,
         )
         method = settings["discovery"]
         return config, lambda: load_inventory(roots.read_driver, roots.read_dev, proc_root, method, inventory_cache)

@@ -73,6 +73,9 @@ class Paths(Record):
     hooks_dirs: tuple[str, ...] = HOOKS_DIRS
     # where dockerd (started by systemd: its default PATH) looks for nvidia-container-runtime-hook for --gpus
     docker_path: tuple[str, ...] = HOOK_PATH
+    # a Kubernetes node: pods get their CDI specs from the device plugin or the DRA driver when they are
+    # allocated, so a runtime with CDI on works without a spec of the host's
+    kubernetes_node: bool = False
 
     @property
     def cdi_fix(self) -> str:
@@ -228,11 +231,15 @@ def _hook_findings(label: str, dirs: Sequence[str], configure: str) -> tuple[boo
     return works, out
 
 
-def _cdi_findings(label: str, dirs: Sequence[str], specs: SpecStatus, max_version: str | None = None
-                  ) -> tuple[bool, list[Finding]]:
+def _cdi_findings(label: str, dirs: Sequence[str], specs: SpecStatus, max_version: str | None = None,
+                  kubernetes_node: bool = False) -> tuple[bool, list[Finding]]:
     files = specs.gpu_specs(dirs)
     out = []
     works = False
+    if kubernetes_node:
+        works = True
+        out.append(_f(OK, f"{label}: CDI on, reading {', '.join(dirs)}, where the device plugin and the DRA driver "
+                          "write the specs of the GPUs they allocate"))
     for path in files:
         claimed = str(specs.loaded.get(path, {}).get("cdiVersion", ""))
         if max_version and cdi_version.is_known(claimed) and cdi_version.key(claimed) > cdi_version.key(max_version):
@@ -302,7 +309,7 @@ def check_crio(ver: Version | None, paths: Paths, specs: SpecStatus) -> list[Fin
     hooks = [str(h) for h in hooks_dir] if isinstance(hooks_dir, list) else [paths.hooks_dirs[0]]
     dirs = [str(d) for d in spec_dirs] if isinstance(spec_dirs, list) else list(paths.spec_dirs)
     hook_ok, hook_out = _hook_findings(label, hooks, paths.configure("crio", "hook"))
-    cdi_ok, cdi_out = _cdi_findings(label, dirs, specs)
+    cdi_ok, cdi_out = _cdi_findings(label, dirs, specs, kubernetes_node=paths.kubernetes_node)
     return out + hook_out + cdi_out + _verdict(label, hook_ok or cdi_ok, paths.cdi_fix,
                                                f"no current nvidia.com/gpu CDI spec in {', '.join(dirs)} and no "
                                                "gpuhook hook in hooks_dir")
@@ -323,7 +330,7 @@ def check_containerd(ver: Version | None, paths: Paths, specs: SpecStatus) -> li
         enabled = cri.get("enable_cdi", modern)
         dirs = cri.get("cdi_spec_dirs") or list(paths.spec_dirs)
         if enabled:
-            works, out = _cdi_findings(label, [str(d) for d in dirs], specs)
+            works, out = _cdi_findings(label, [str(d) for d in dirs], specs, kubernetes_node=paths.kubernetes_node)
         else:
             out.append(_f(INFO, f"{label}: CDI is off (enable_cdi) in {paths.containerd_config}"))
     name = _get(cri, ("containerd", "default_runtime_name")) or "runc"

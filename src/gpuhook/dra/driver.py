@@ -51,6 +51,7 @@ class DriverConfig(Record):
     sys_root: str = "/sys"
     nvml_library: str | None = None  # None: the driver root's libnvidia-ml.so.1
     driver: str = DRIVER
+    daemonset: str | None = None  # this pod's DaemonSet: gone at exit (an uninstall), the driver's files go too
 
     @property
     def plugin_dir(self) -> str:
@@ -212,7 +213,13 @@ class Driver:
 
 
 def serve_forever(config: DriverConfig, load_inventory: Callable[[], Inventory], api: Api) -> None:
-    """The `gpuhook dra-plugin` body: start, then watch until SIGTERM/SIGINT."""
+    """The `gpuhook dra-plugin` body: start, then watch until SIGTERM/SIGINT; after an uninstall, take the
+    driver's files off the node."""
+    follower = None
+    if config.daemonset:  # from the start: an uninstall deletes the DaemonSet, then the driver's account
+        from gpuhook.system.daemonset import Watch
+
+        follower = Watch(config.daemonset)
     driver = Driver(config, load_inventory, api)
     driver.install_signal_handlers()
     started = time.monotonic()
@@ -223,3 +230,33 @@ def serve_forever(config: DriverConfig, load_inventory: Callable[[], Inventory],
         raise
     log.info("DRA driver %s ready in %.0f ms", config.driver, (time.monotonic() - started) * 1000)
     driver.run()
+    if follower is not None:
+        take_off(config, len(driver.preparer.claims), follower.state())
+
+
+def take_off(config: DriverConfig, prepared: int, daemonset: tuple[str, str]) -> list[str]:
+    """When the DaemonSet is gone (an uninstall) and no claim is prepared any more: remove the checkpoint and the
+    driver's folder under the kubelet's plugins (the sockets went at shutdown). A prepared claim keeps both (its
+    pod still runs; a driver installed again carries on with it); a DaemonSet still there (a rolling update, a
+    restart) or an API that cannot be asked keeps everything for the next pod."""
+    from gpuhook.system.daemonset import GONE
+
+    state, why = daemonset
+    if state != GONE:
+        log.info("%s: the driver's files stay on the node", why)
+        return []
+    if prepared:
+        log.warning("%s, but %d claim(s) are still prepared: the checkpoint and their CDI specs stay", why, prepared)
+        return []
+    removed = []
+    checkpoint = os.path.join(config.plugin_dir, CHECKPOINT_FILE)
+    if os.path.lexists(checkpoint):
+        os.unlink(checkpoint)
+        removed.append(checkpoint)
+    try:
+        os.rmdir(config.plugin_dir)  # only when empty: anything else there is not ours
+        removed.append(config.plugin_dir)
+    except OSError:
+        pass
+    log.info("%s: removed %s", why, ", ".join(removed) or "nothing (none left)")
+    return removed

@@ -69,6 +69,11 @@ class Resource(Record):
     def socket_name(self) -> str:
         return "gpuhook-" + self.name.replace("/", "-") + ".sock"
 
+    def socket_for(self, tag: str) -> str:
+        """The socket name with a plugin process's own tag (empty: none): a new plugin serves beside the one it
+        replaces, so kubelet always has one registered (kubelet 1.36+ keeps an endpoint per socket)."""
+        return self.socket_name if not tag else f"{self.socket_name[:-len('.sock')]}-{tag}.sock"
+
     def by_id(self) -> dict[str, PluginDevice]:
         return {d.id: d for d in self.devices}
 

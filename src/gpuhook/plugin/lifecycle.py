@@ -11,6 +11,7 @@ runtime that ignored the CDI devices (plugin/cdiignored.py).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -33,7 +34,7 @@ from gpuhook.plugin.featurefile import FeatureFile
 from gpuhook.plugin.health import HealthConfig, HealthMonitor
 from gpuhook.plugin.nodeconfig import NodeConfigs
 from gpuhook.plugin.registration import KUBELET_SOCKET, Registrar
-from gpuhook.plugin.server import DevicePluginService, Endpoint
+from gpuhook.plugin.server import DevicePluginService, Endpoint, remove_dead_sockets
 from gpuhook.plugin.state import HealthBoard
 from gpuhook.plugin.watch import DirWatcher
 
@@ -58,6 +59,8 @@ class PluginConfig(Record):
     dev_char_path: str | None = None  # /dev/char links for every NVIDIA node (system/devchar.py); None: none
     hook_state_dir: str | None = STATE_DIR  # the hooks' state-dir, watched for a runtime ignoring CDI; None: not
     daemonset: str | None = None  # this pod's DaemonSet: gone at exit, the node's files go too (plugin/removal.py)
+    socket_tag: str = ""  # this process's own socket names (devices.Resource.socket_for); "": the plain names
+    ready_file: str | None = None  # exists while every resource is registered (a pod's readiness probe)
 
 
 class Served(Record, frozen=False):
@@ -155,15 +158,19 @@ class Plugin:
             library = nvml_library(inv.driver_root)
         self.monitor = HealthMonitor(inv, devices, self.board, self.config.health, library)
         self.monitor.start()
+        if self.config.socket_tag:
+            for path in remove_dead_sockets(self.config.kubelet_dir):
+                log.info("removed %s: no plugin serves it", path)
         for resource in resources:
             table = topology.build(inv, resource.devices, self.config.sys_root)
             specs = (DeviceSpecs(inv, resource.devices, self.config.host_dev_root)
                      if self.config.options.pass_device_specs else None)
             service = DevicePluginService(resource, self.board, table, self.config.options, inv, specs,
                                           self._marker_key())
-            endpoint = Endpoint(service, os.path.join(self.config.kubelet_dir, resource.socket_name))
+            socket_name = resource.socket_for(self.config.socket_tag)
+            endpoint = Endpoint(service, os.path.join(self.config.kubelet_dir, socket_name))
             endpoint.start()
-            registrar = Registrar(self.kubelet_socket, resource.socket_name, resource.name)
+            registrar = Registrar(self.kubelet_socket, socket_name, resource.name)
             self.served.append(Served(resource, service, endpoint, registrar))
             log.info("%s: %d device(s): %s", resource.name, len(resource.devices),
                      ", ".join(d.id for d in resource.devices))
@@ -241,7 +248,9 @@ class Plugin:
                 restarted = now is not None and now != kubelet
                 kubelet = now
                 self.check(now[2] if restarted and now else None)
+                self.update_ready()
         finally:
+            self.update_ready(stopping=True)
             if self.cdi_ignored is not None:
                 self.cdi_ignored.stop()
             self.shutdown()
@@ -260,6 +269,22 @@ class Plugin:
             elif kubelet_since_ns is not None and not s.registrar.registered_since(kubelet_since_ns):
                 log.warning("%s: kubelet.sock recreated: registering again", s.resource.name)
                 s.registrar.request()
+
+    def update_ready(self, stopping: bool = False) -> None:
+        """The ready file exists while every served resource is registered (none served: idle, also ready), so
+        a rolling update replaces the next pod only once this one is kubelet's."""
+        path = self.config.ready_file
+        if not path:
+            return
+        ready = not stopping and all(s.registrar.registered() for s in self.served)
+        if ready and not os.path.exists(path):
+            from gpuhook.fileio.atomic import write_atomic
+
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+            write_atomic(path, b"registered\n")
+        elif not ready:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
 
     def update_features(self) -> None:
         """Rewrite the feature file when the labels changed (inventory or health); cheap when they did not."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
 import stat
 import threading
 import time
@@ -132,6 +133,33 @@ def _socket_identity(path: str) -> tuple[int, int] | None:
     except OSError:
         return None
     return (st.st_dev, st.st_ino) if stat.S_ISSOCK(st.st_mode) else None
+
+
+def remove_dead_sockets(folder: str, prefix: str = "gpuhook-") -> list[str]:
+    """Remove our sockets in kubelet's folder that nobody listens on (a plugin killed without its clean-up);
+    a live one (the plugin this one replaces, still serving) and anything that is not a socket stay."""
+    removed = []
+    try:
+        names = [n for n in os.listdir(folder) if n.startswith(prefix) and n.endswith(".sock")]
+    except OSError:
+        return removed
+    for name in names:
+        path = os.path.join(folder, name)
+        try:
+            if not stat.S_ISSOCK(os.lstat(path).st_mode):
+                continue
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+                probe.settimeout(1.0)
+                try:
+                    probe.connect(path)
+                    continue  # somebody serves it
+                except ConnectionRefusedError:
+                    pass
+            os.unlink(path)
+            removed.append(path)
+        except OSError:
+            continue
+    return removed
 
 
 class Endpoint:
