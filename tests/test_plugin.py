@@ -542,6 +542,29 @@ def test_a_new_plugin_serves_beside_the_one_it_replaces(fake_driver: Any, kubele
             assert not os.path.exists(ready[1]) and not served_sockets(kubelet)
 
 
+def test_a_stream_kubelet_ends_is_answered_by_registering_again(fake_driver: Any, kubelet: TestKubelet,
+                                                                 workdir: str) -> None:
+    """A kubelet before 1.36 keeps one client per resource: when the plugin this one replaced stops, it
+    disconnects this one's stream too and counts the resource unhealthy until a plugin registers again."""
+    with PluginProcess(plugin_args(fake_driver, kubelet), os.path.join(workdir, "log")) as proc:
+        (first,) = kubelet.wait_registrations(1, timeout=20)
+        dropped = kubelet.stream()
+        dropped.first()
+        dropped.cancel()  # kubelet closes our stream; our socket and kubelet.sock stay as they were
+        regs = kubelet.wait_registrations(2, timeout=20)
+        assert regs[1].request.endpoint == first.request.endpoint
+        deadline = time.monotonic() + 20
+        while kubelet.streams.get(GPU) is dropped:
+            assert time.monotonic() < deadline, proc.log()
+            time.sleep(0.05)
+        assert len(kubelet.stream().first().devices) == 2
+        assert "kubelet ended our ListAndWatch stream: registering again" in proc.log()
+        time.sleep(1.0)  # and once only: the new stream stays open
+        assert len(kubelet.registrations) == 2, proc.log()
+        proc.signal(signal.SIGTERM)
+        assert proc.wait(10) == 0
+
+
 def test_start_removes_only_dead_plugin_sockets(fake_driver: Any, kubelet: TestKubelet, workdir: str) -> None:
     import socket as sockets
 

@@ -184,7 +184,7 @@ def cli_options(monkeypatch: pytest.MonkeyPatch, args: list[str], env: dict[str,
 
     seen: dict[str, Any] = {}
 
-    def capture(cfg: Any, load: Any) -> None:
+    def capture(cfg: Any, load: Any, node_configs: Any = None) -> None:
         seen["config"] = cfg
         load()  # (load_inventory replaced: it records the roots the plugin would read)
 

@@ -154,6 +154,7 @@ class TestKubelet:
         self.events: queue.Queue[Registration] = queue.Queue()
         self.clients: dict[str, PluginClient] = {}
         self.streams: dict[str, Stream] = {}
+        self.superseded: list[tuple[PluginClient, Stream | None]] = []  # other sockets' earlier registrations
         self._cond = threading.Condition()
         self._server: grpc.Server | None = None
         self.generation = 0
@@ -176,12 +177,17 @@ class TestKubelet:
         if self._server is not None:
             self._server.stop(0).wait(5)
             self._server = None
+        for client, stream in self.superseded:
+            if stream is not None:
+                stream.cancel()
+            client.close()
         for stream in list(self.streams.values()):
             stream.cancel()
         for client in list(self.clients.values()):
             client.close()
         self.streams.clear()
         self.clients.clear()
+        self.superseded.clear()
 
     def restart(self, remove_dir: bool = False) -> float:
         """What a kubelet restart does: stop, delete every socket (or the whole directory), serve kubelet.sock
@@ -199,8 +205,10 @@ class TestKubelet:
         return serving_from
 
     def _attach(self, resource: str, client: PluginClient, generation: int) -> None:
-        """Replace the resource's client and stream (a new registration supersedes the old one); a registration
-        the previous kubelet took, ending after the restart, attaches nothing."""
+        """Make the registration the resource's current client and stream; a registration the previous kubelet
+        took, ending after the restart, attaches nothing. The one it supersedes on the same socket is closed; one
+        on another socket (the plugin being replaced) keeps its stream until that plugin ends it, as kubelet 1.36+
+        keeps an endpoint per socket."""
         if generation != self.generation:
             client.close()
             return
@@ -208,6 +216,9 @@ class TestKubelet:
         self.clients[resource] = client
         if self.watch:
             self.streams[resource] = client.watch()
+        if old_client is not None and old_client.path != client.path:
+            self.superseded.append((old_client, old_stream))
+            return
         if old_stream is not None:
             old_stream.cancel()
         if old_client is not None:

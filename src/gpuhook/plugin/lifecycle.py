@@ -167,6 +167,7 @@ class Plugin:
                      if self.config.options.pass_device_specs else None)
             service = DevicePluginService(resource, self.board, table, self.config.options, inv, specs,
                                           self._marker_key())
+            service.on_drop = self.watcher.wake
             socket_name = resource.socket_for(self.config.socket_tag)
             endpoint = Endpoint(service, os.path.join(self.config.kubelet_dir, socket_name))
             endpoint.start()
@@ -264,10 +265,18 @@ class Plugin:
                 log.warning("%s: socket %s gone: serving again", s.resource.name, s.endpoint.path)
                 s.endpoint.stop(grace=0)
                 s.service.stopped.clear()
+                s.service.forget_drop()
                 s.endpoint.start()
                 s.registrar.request()
             elif kubelet_since_ns is not None and not s.registrar.registered_since(kubelet_since_ns):
                 log.warning("%s: kubelet.sock recreated: registering again", s.resource.name)
+                s.service.forget_drop()
+                s.registrar.request()
+            elif s.service.dropped_for() > 0 and s.registrar.registered():
+                # kubelets before 1.36 keep one client per resource: when the plugin this one replaced stops,
+                # they disconnect ours and count the resource unhealthy until a plugin registers again
+                log.warning("%s: kubelet ended our ListAndWatch stream: registering again", s.resource.name)
+                s.service.forget_drop()
                 s.registrar.request()
 
     def update_ready(self, stopping: bool = False) -> None:

@@ -13,7 +13,7 @@ import socket
 import stat
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
 
 import grpc
@@ -52,6 +52,10 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         self.by_id = resource.by_id()
         self.chooser = Chooser(resource.devices, table, inventory)  # the inventory's GPU links, read once
         self.stopped = threading.Event()
+        self._streams = threading.Lock()
+        self.open_streams = 0
+        self.dropped_at: float | None = None  # when kubelet last ended a stream while we served (monotonic)
+        self.on_drop: Callable[[], None] | None = None  # told at once (the plugin's watch loop wakes)
 
     # -- list ---------------------------------------------------------------------------------------------------
     def device_list(self) -> pb.ListAndWatchResponse:
@@ -69,15 +73,39 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
 
     def ListAndWatch(self, request: pb.Empty, context: grpc.ServicerContext) -> Iterator[pb.ListAndWatchResponse]:
         context.add_callback(self.board.wake)
-        version = self.board.version
-        last = self.device_list()
-        yield last
-        while not self.stopped.is_set() and context.is_active():
-            version = self.board.wait(version, STREAM_TICK)
-            current = self.device_list()
-            if current != last and not self.stopped.is_set():
-                last = current
-                yield current
+        with self._streams:
+            self.open_streams += 1
+            self.dropped_at = None
+        try:
+            version = self.board.version
+            last = self.device_list()
+            yield last
+            while not self.stopped.is_set() and context.is_active():
+                version = self.board.wait(version, STREAM_TICK)
+                current = self.device_list()
+                if current != last and not self.stopped.is_set():
+                    last = current
+                    yield current
+        finally:
+            with self._streams:
+                self.open_streams -= 1
+                dropped = not self.stopped.is_set() and not self.open_streams
+                if not self.stopped.is_set():
+                    self.dropped_at = time.monotonic()
+            if dropped and self.on_drop is not None:
+                self.on_drop()
+
+    def dropped_for(self) -> float:
+        """Seconds since kubelet ended our last stream with none open since (0 while one is open, or none ended):
+        a kubelet before 1.36 ends the new plugin's stream when the one it replaced stops."""
+        with self._streams:
+            if self.open_streams or self.dropped_at is None:
+                return 0.0
+            return time.monotonic() - self.dropped_at
+
+    def forget_drop(self) -> None:
+        with self._streams:
+            self.dropped_at = None
 
     def stop(self) -> None:
         self.stopped.set()
