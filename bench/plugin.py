@@ -43,7 +43,7 @@ REGISTERED_MS = 80.0
 RSS_MB = 35.0
 STARTS, STARTS_QUICK = 10, 3
 HEALTH_MS = 1000.0
-SOCKET = "gpuhook-nvidia.com-gpu.sock"
+SOCKETS = "gpuhook-nvidia.com-gpu-*.sock"  # each plugin process tags its own socket names
 RECOVERY_S = 0.3
 REREGISTER_MS = 1000.0  # serve and register again within 1 s (the incumbent: 3-7 ms)
 
@@ -236,9 +236,10 @@ def bench(args: argparse.Namespace) -> None:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
         channel = None
         try:
-            wait_for(lambda: (kdir / SOCKET).exists(), "its socket appeared", proc, log)
+            wait_for(lambda: any(kdir.glob(SOCKETS)), "its socket appeared", proc, log)
             ready_ms = (time.perf_counter() - started) * 1000
-            channel = grpc.insecure_channel(f"unix://{kdir / SOCKET}")
+            (socket,) = kdir.glob(SOCKETS)
+            channel = grpc.insecure_channel(f"unix://{socket}")
             stub = pb_grpc.DevicePluginStub(channel)
             watch = Watch(stub, pb)
             watch.wait(lambda m: len(m) == GPUS)
