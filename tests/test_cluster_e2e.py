@@ -435,6 +435,9 @@ def test_dra_on_both_nodes_pairs_by_nvlink_and_mig_after_switching_from_the_devi
         c.plane.ok("DELETE", f"{WORK}/{name}")
     wait_for("the claims' CDI specs removed", lambda: not any(
         list(n.path("/var/run/cdi").glob("*claim*")) for n in c.nodes.values()), 120)
+    # the controller-manager deletes the claims it made from the templates with their pods
+    wait_for("the generated claims deleted", lambda: not c.plane.ok(
+        "GET", "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims")["items"], 120)
     for name in ("nvlink-pair", "one-mig"):
         c.plane.ok("DELETE", f"{TEMPLATES}/{name}")
 
