@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .clusternet import Forwarder, wire_node
-from .daemon import daemon_process, wait_ready
+from .daemon import daemon_process, namespace_holder
 from .k8s import ControlPlane, free_port, kubeconfig, node_token, wait_for
 from .k8snode import BUSYBOX_IMAGE, PAUSE_IMAGE, oci_archive, stop_tasks
 
@@ -128,18 +128,9 @@ def cluster_node(root: Path, plane: ControlPlane, name: str, index: int, fabric_
     uid = gid = 0  # root inside the node's user namespace is root outside, without a capability there
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
     with contextlib.ExitStack() as stack:
-        holder = stack.enter_context(daemon_process(
+        holder = stack.enter_context(namespace_holder(
             ["unshare", "--user", "--map-root-user", "--mount", "--net", "--propagation", "slave", "--",
-             "sleep", "86400"], env, root, "holder.log"))
-
-        def ready() -> bool:
-            try:
-                return (os.readlink(f"/proc/{holder.pid}/ns/net") != os.readlink("/proc/self/ns/net")
-                        and Path(f"/proc/{holder.pid}/comm").read_text().strip() == "sleep")
-            except OSError:
-                return False
-
-        wait_ready(holder, ready, "the node's namespaces", root / "holder.log", 20, 0.05)
+             "sleep", "86400"], env, root, "net", "the node's namespaces"))
         stack.callback(_kill_left_in, os.readlink(f"/proc/{holder.pid}/ns/mnt"), holder.pid)
         mnt = ["nsenter", f"--mount=/proc/{holder.pid}/ns/mnt", "--"]
         # shared inside the node (as on a systemd host: hostPath volumes with mount propagation need it), and a

@@ -45,6 +45,23 @@ def wait_ready(proc: subprocess.Popen[bytes], ready: Callable[[], bool], what: s
         time.sleep(interval)
 
 
+@contextlib.contextmanager
+def namespace_holder(argv: Sequence[str], env: Mapping[str, str], root: Path, namespace: str,
+                     what: str) -> Iterator[subprocess.Popen[bytes]]:
+    """`argv` ending in `sleep`, run as a daemon that holds new namespaces; yields it once its `namespace`
+    (mnt, net, ...) is not ours and it is the sleep (so nsenter finds the namespaces it made)."""
+    with daemon_process(argv, env, root, "holder.log") as holder:
+        def ready() -> bool:
+            try:
+                return (os.readlink(f"/proc/{holder.pid}/ns/{namespace}") != os.readlink(f"/proc/self/ns/{namespace}")
+                        and Path(f"/proc/{holder.pid}/comm").read_text().strip() == "sleep")
+            except OSError:
+                return False
+
+        wait_ready(holder, ready, what, root / "holder.log", 20, 0.05)
+        yield holder
+
+
 def unmount_below(root: Path) -> None:
     """Whatever the daemon left mounted under its roots (it unmounts on a clean stop; a crash may not)."""
     from gpuhook.inject.mountinfo import read_mounts  # the one mountinfo reader (escaped paths decoded)

@@ -29,7 +29,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from .daemon import daemon_process, wait_ready
+from .daemon import daemon_process, namespace_holder, wait_ready
 from .k8s import ControlPlane, free_port, kubeconfig
 
 PAUSE_IMAGE = "e2e.local/pause:1"
@@ -254,19 +254,10 @@ def kubelet_node(root: Path, plane: ControlPlane, name: str, cdi_dir: Path, cont
     # mounted by the real root (a tmpfs mounted inside the user namespace would refuse containerd's files, whose
     # owner it cannot map) and given to nobody, whom the kubelet is outside.
     with contextlib.ExitStack() as stack:
-        holder = stack.enter_context(daemon_process(
+        holder = stack.enter_context(namespace_holder(
             ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--",
              "unshare", "--user", "--map-root-user", "--mount", "--propagation", "private", "--",
-             "sleep", "86400"], env, root, "holder.log"))
-
-        def namespace_ready() -> bool:
-            try:
-                return (os.readlink(f"/proc/{holder.pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt")
-                        and Path(f"/proc/{holder.pid}/comm").read_text().strip() == "sleep")
-            except OSError:
-                return False
-
-        wait_ready(holder, namespace_ready, "the user+mount namespace", root / "holder.log", 20, 0.05)
+             "sleep", "86400"], env, root, "mnt", "the user+mount namespace"))
         for folder in ("/var/lib", "/var/log"):
             subprocess.run(["nsenter", f"--mount=/proc/{holder.pid}/ns/mnt", "--", "mount", "-t", "tmpfs", "-o",
                             f"mode=0755,uid={uid},gid={gid}", "tmpfs", folder], check=True, capture_output=True)

@@ -89,10 +89,10 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         finally:
             with self._streams:
                 self.open_streams -= 1
-                dropped = not self.stopped.is_set() and not self.open_streams
                 if not self.stopped.is_set():
                     self.dropped_at = time.monotonic()
-            if dropped and self.on_drop is not None:
+                wake = self.dropped_at is not None and not self.open_streams
+            if wake and self.on_drop is not None:
                 self.on_drop()
 
     def dropped_for(self) -> float:
